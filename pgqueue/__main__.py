@@ -1,0 +1,5 @@
+"""`python -m pgqueue` runs the CLI."""
+
+from pgqueue.cli import main
+
+main()

@@ -1,0 +1,65 @@
+"""A database call as a value: the SQL, its parameters and how to read its rows.
+
+The sync and async clients execute the same `Call` objects, so each contract
+call is written once, and a retry re-executes the very same call (same
+parameters, same send token).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pgqueue.errors import InvalidMessage
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One statement against the pgqueue SQL API and the reader of its result."""
+
+    name: str
+    sql: str
+    params: tuple[Any, ...]
+    result: Callable[[list[Row]], T]
+
+
+def scalar(rows: list[Row]) -> Any:
+    """The single value of a one-row, one-column result."""
+    return rows[0][0]
+
+
+def column(rows: list[Row]) -> list[Any]:
+    """The first column of every row."""
+    return [r[0] for r in rows]
+
+
+def nothing(rows: list[Row]) -> None:
+    """Ignore the result."""
+    return None
+
+
+def encode_json(value: Any, what: str) -> str:
+    """Serialize a JSON value for a jsonb parameter, or raise InvalidMessage saying why not."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(
+            f"{what} is not valid JSON: {exc}; pass dicts, lists, strings, numbers,"
+            " booleans or None (no NaN/Infinity)"
+        ) from exc
+    if "\\u0000" in text:
+        raise InvalidMessage(
+            f"{what} contains a NUL character (\\u0000), which Postgres jsonb cannot store;"
+            " remove it or encode the data (e.g. base64)"
+        )
+    return text
+
+
+def encode_json_list(values: Sequence[Any], what: str) -> list[str]:
+    """Serialize each element of a list of JSON values, naming the bad one on error."""
+    return [encode_json(v, f"{what}[{i}]") for i, v in enumerate(values)]

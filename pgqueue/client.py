@@ -1,0 +1,302 @@
+"""The client: a connection pool, the dead-connection retry policy, and the calls over it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from pgqueue import migrate as _migrate
+from pgqueue import poison as _poison
+from pgqueue import queue as _queue
+from pgqueue.calls import Call
+from pgqueue.errors import ConnectionLost, InvalidArgument, translate
+from pgqueue.poison import PoisonMessage
+from pgqueue.queue import JSON, Message, QueueInfo, QueueMetrics
+from pgqueue.retry import RetryPolicy, is_dead_connection
+from pgqueue.settings import describe_dsn, require_dsn, unreachable
+
+T = TypeVar("T")
+log = structlog.get_logger("pgqueue")
+
+Connection = psycopg.Connection[Any]
+
+
+def execute(conn: Connection, call: Call[T]) -> T:
+    """Run one call on the given connection, inside whatever transaction it has."""
+    with conn.cursor() as cur:
+        cur.execute(call.sql, call.params)
+        rows = cur.fetchall() if cur.description is not None else []
+    return call.result(rows)
+
+
+def raise_translated(exc: psycopg.Error, what: str, dsn_label: str) -> None:
+    """Re-raise a database error as the PgQueueError it means (or as itself)."""
+    if is_dead_connection(exc):
+        raise ConnectionLost(
+            f"{what}: lost the connection to {dsn_label} and could not get a working one"
+            f" back ({str(exc).strip() or type(exc).__name__}); check that the server is up"
+            " and reachable, then call again"
+        ) from exc
+    mapped = translate(exc)
+    if mapped is not None:
+        raise mapped from exc
+
+
+def connection_kwargs(connect_timeout: float, prepare_threshold: int | None) -> dict[str, Any]:
+    """Connection settings every pgqueue connection uses."""
+    return {
+        "autocommit": True,
+        "connect_timeout": max(1, int(connect_timeout)),
+        "prepare_threshold": prepare_threshold,
+        "application_name": "pgqueue",
+    }
+
+
+class Client:
+    """A thread-safe pgqueue client over a connection pool; every call retries dead connections."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Connection],
+        *,
+        retry: RetryPolicy | None = None,
+        owns_pool: bool = False,
+        dsn_label: str = "the database",
+    ) -> None:
+        """Wrap an open pool; `owns_pool` makes close() close it too."""
+        self.pool = pool
+        self.retry = retry or RetryPolicy()
+        self._owns_pool = owns_pool
+        self._dsn_label = dsn_label
+
+    @classmethod
+    def from_dsn(
+        cls,
+        dsn: str | None = None,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 5.0,
+        prepare_threshold: int | None = 5,
+        retry: RetryPolicy | None = None,
+    ) -> Client:
+        """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
+
+        Set prepare_threshold=None behind PgBouncer in transaction mode when it
+        is older than 1.21 (it cannot keep prepared statements).
+        """
+        resolved = require_dsn(dsn)
+        label = describe_dsn(resolved)
+        if min_size < 0 or max_size < max(1, min_size):
+            raise InvalidArgument(
+                f"pool sizes must satisfy 0 <= min_size <= max_size and max_size >= 1,"
+                f" got min_size={min_size} max_size={max_size}"
+            )
+        pool: ConnectionPool[Connection] = ConnectionPool(
+            resolved,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=connection_kwargs(connect_timeout, prepare_threshold),
+            timeout=max(connect_timeout, 1.0),
+            open=False,
+            name="pgqueue",
+        )
+        pool.open(wait=False)
+        try:
+            # Fail fast with one clear line rather than at the first call.
+            with pool.connection(timeout=connect_timeout + 1) as conn:
+                conn.execute("SELECT 1")
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            pool.close()
+            raise unreachable(label, connect_timeout) from exc
+        return cls(pool, retry=retry, owns_pool=True, dsn_label=label)
+
+    def close(self) -> None:
+        """Close the pool if this client opened it."""
+        if self._owns_pool:
+            self.pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A pooled connection (autocommit) for the caller's own transaction work."""
+        with self.pool.connection() as conn:
+            yield conn
+
+    def run(self, call: Call[T], conn: Connection | None = None) -> T:
+        """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+        try:
+            if conn is not None:
+                # The caller's transaction: retrying here could split it, so never.
+                return execute(conn, call)
+            for attempt in self.retry.retrying(call.name):
+                with attempt:
+                    try:
+                        with self.pool.connection() as pooled:
+                            return execute(pooled, call)
+                    except psycopg.OperationalError as exc:
+                        if is_dead_connection(exc):
+                            # Other idle connections likely died with this one
+                            # (server restart, PgBouncer reap): drop them now.
+                            self.pool.check()
+                        raise
+        except psycopg.Error as exc:
+            raise_translated(exc, call.name, self._dsn_label)
+            raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    # -- schema -------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations (safe to run from many processes at once); names applied."""
+        with self.pool.connection() as conn:
+            return [m.name for m in _migrate.migrate(conn)]
+
+    # -- queues -------------------------------------------------------------
+
+    def create_queue(self, queue: str, *, max_attempts: int = 5) -> None:
+        """Make sure the queue exists with this max_attempts."""
+        self.run(_queue.create_queue(queue, max_attempts))
+
+    def drop_queue(self, queue: str) -> bool:
+        """Remove the queue and everything in it; False if it did not exist."""
+        return self.run(_queue.drop_queue(queue))
+
+    def list_queues(self) -> list[QueueInfo]:
+        """Every queue."""
+        return self.run(_queue.list_queues())
+
+    def purge_queue(self, queue: str) -> int:
+        """Delete all live messages of the queue; how many."""
+        return self.run(_queue.purge_queue(queue))
+
+    # -- sending ------------------------------------------------------------
+
+    def send(
+        self,
+        queue: str,
+        message: JSON,
+        *,
+        headers: dict[str, Any] | None = None,
+        delay: int = 0,
+        dedupe_key: str | None = None,
+        conn: Connection | None = None,
+    ) -> int:
+        """Enqueue a message; its msg_id. Durable once this returns.
+
+        Retried on a dead connection: without a dedupe_key that is
+        at-least-once (a retry after a lost commit reply sends a second copy);
+        with a dedupe_key it is exactly-once. With `conn`, the message commits
+        or rolls back with the caller's transaction and is not retried.
+        """
+        return self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
+
+    def send_batch(
+        self,
+        queue: str,
+        messages: Sequence[JSON],
+        *,
+        headers: Sequence[dict[str, Any] | None] | None = None,
+        delay: int = 0,
+        conn: Connection | None = None,
+    ) -> list[int]:
+        """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
+        return self.run(_queue.send_batch(queue, messages, headers, delay), conn)
+
+    # -- reading ------------------------------------------------------------
+
+    def read(
+        self, queue: str, *, vt: int = 30, qty: int = 1, conn: Connection | None = None
+    ) -> list[Message]:
+        """Claim up to qty messages for vt seconds; nobody else gets them inside that time."""
+        return self.run(_queue.read(queue, vt, qty), conn)
+
+    def read_with_poll(
+        self,
+        queue: str,
+        *,
+        vt: int = 30,
+        qty: int = 1,
+        max_poll_seconds: int = 5,
+        poll_interval_ms: int = 100,
+    ) -> list[Message]:
+        """Like read, waiting up to max_poll_seconds for something to arrive."""
+        return self.run(_queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms))
+
+    def pop(self, queue: str, *, qty: int = 1, conn: Connection | None = None) -> list[Message]:
+        """Take and delete up to qty messages at once (at-most-once delivery)."""
+        return self.run(_queue.pop(queue, qty), conn)
+
+    # -- acknowledging ------------------------------------------------------
+
+    def delete(self, queue: str, msg_id: int, *, conn: Connection | None = None) -> bool:
+        """Ack by deleting; False if already acked. Idempotent, so retried freely."""
+        return self.run(_queue.delete(queue, msg_id), conn)
+
+    def delete_many(
+        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+    ) -> list[int]:
+        """Ack many by deleting; the ids that were still live."""
+        return self.run(_queue.delete_many(queue, msg_ids), conn)
+
+    def archive(self, queue: str, msg_id: int, *, conn: Connection | None = None) -> bool:
+        """Ack by archiving; False if already acked. Idempotent, so retried freely."""
+        return self.run(_queue.archive(queue, msg_id), conn)
+
+    def archive_many(
+        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+    ) -> list[int]:
+        """Ack many by archiving; the ids that were still live."""
+        return self.run(_queue.archive_many(queue, msg_ids), conn)
+
+    def set_vt(
+        self, queue: str, msg_id: int, vt: int, *, conn: Connection | None = None
+    ) -> Message | None:
+        """Hide the message until vt seconds from now (extend a lease, or nack with a delay)."""
+        return self.run(_queue.set_vt(queue, msg_id, vt), conn)
+
+    # -- metrics ------------------------------------------------------------
+
+    def metrics(self, queue: str) -> QueueMetrics:
+        """Size and age figures of one queue."""
+        return self.run(_queue.metrics(queue))
+
+    def metrics_all(self) -> list[QueueMetrics]:
+        """Size and age figures of every queue."""
+        return self.run(_queue.metrics_all())
+
+    # -- poison -------------------------------------------------------------
+
+    def poison(
+        self, queue: str, msg_id: int, reason: str, *, conn: Connection | None = None
+    ) -> bool:
+        """Move a message to the poison table now, with a reason; False if already gone."""
+        return self.run(_poison.poison(queue, msg_id, reason), conn)
+
+    def poison_list(self, queue: str | None = None, *, qty: int = 100) -> list[PoisonMessage]:
+        """The latest poison messages, newest first."""
+        return self.run(_poison.poison_list(queue, qty))
+
+    def poison_requeue(self, queue: str, msg_ids: Sequence[int]) -> list[int]:
+        """Give poisoned messages a fresh start in their queue; the ids requeued."""
+        return self.run(_poison.poison_requeue(queue, msg_ids))
+
+    def poison_purge(self, queue: str, msg_ids: Sequence[int] | None = None) -> int:
+        """Delete poisoned messages (all of the queue's when msg_ids is None); how many."""
+        return self.run(_poison.poison_purge(queue, msg_ids))

@@ -1,0 +1,63 @@
+"""The poison (dead-letter) table as calls: inspect, poison on purpose, requeue, purge."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgqueue.calls import Call, Row, column, scalar
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonMessage:
+    """A message that will not be delivered again until an operator requeues it."""
+
+    queue_name: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    poisoned_at: datetime
+    reason: str
+    message: Any
+    headers: dict[str, Any] | None
+
+
+def _poison_messages(rows: list[Row]) -> list[PoisonMessage]:
+    return [PoisonMessage(*r) for r in rows]
+
+
+def poison(queue: str, msg_id: int, reason: str) -> Call[bool]:
+    """Move a live message to the poison table now; False if it was already gone."""
+    return Call("poison", "SELECT pgqueue.poison(%s, %s, %s)", (queue, msg_id, reason), scalar)
+
+
+def poison_list(queue: str | None = None, qty: int = 100) -> Call[list[PoisonMessage]]:
+    """The most recently poisoned messages, of one queue or of all."""
+    return Call(
+        "poison_list",
+        "SELECT * FROM pgqueue.poison_list(%s, %s)",
+        (queue, qty),
+        _poison_messages,
+    )
+
+
+def poison_requeue(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
+    """Put poisoned messages back in their queue with read_ct 0; the ids moved."""
+    return Call(
+        "poison_requeue",
+        "SELECT * FROM pgqueue.poison_requeue(%s, %s::bigint[])",
+        (queue, list(msg_ids)),
+        column,
+    )
+
+
+def poison_purge(queue: str, msg_ids: Sequence[int] | None = None) -> Call[int]:
+    """Delete poisoned messages of a queue (all when msg_ids is None); the count deleted."""
+    return Call(
+        "poison_purge",
+        "SELECT pgqueue.poison_purge(%s, %s::bigint[])",
+        (queue, None if msg_ids is None else list(msg_ids)),
+        scalar,
+    )

@@ -1,0 +1,230 @@
+"""The queue contract as calls: send, read, ack, leases and metrics over the SQL functions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgqueue.calls import Call, Row, column, encode_json, encode_json_list, nothing, scalar
+
+JSON = Any
+
+_RECORD = "msg_id, read_ct, enqueued_at, vt, message, headers"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as delivered: hidden from other readers until `vt`."""
+
+    queue: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    vt: datetime
+    message: JSON
+    headers: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue and its settings."""
+
+    queue_name: str
+    max_attempts: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """A snapshot of one queue's size and age, as of `scrape_time`."""
+
+    queue_name: str
+    queue_length: int
+    visible_length: int
+    oldest_msg_age_sec: int | None
+    newest_msg_age_sec: int | None
+    total_messages: int
+    poison_length: int
+    scrape_time: datetime
+
+
+def _messages(queue: str) -> Any:
+    def read(rows: list[Row]) -> list[Message]:
+        return [Message(queue, *r) for r in rows]
+
+    return read
+
+
+def _first_message(queue: str) -> Any:
+    def read(rows: list[Row]) -> Message | None:
+        return Message(queue, *rows[0]) if rows else None
+
+    return read
+
+
+def _metrics(rows: list[Row]) -> list[QueueMetrics]:
+    return [QueueMetrics(*r) for r in rows]
+
+
+def create_queue(queue: str, max_attempts: int = 5) -> Call[None]:
+    """Create the queue, or set max_attempts on the existing one."""
+    return Call(
+        "create_queue", "SELECT pgqueue.create_queue(%s, %s)", (queue, max_attempts), nothing
+    )
+
+
+def drop_queue(queue: str) -> Call[bool]:
+    """Drop the queue with all its messages, archive and poison rows; False if absent."""
+    return Call("drop_queue", "SELECT pgqueue.drop_queue(%s)", (queue,), scalar)
+
+
+def list_queues() -> Call[list[QueueInfo]]:
+    """Every queue, by name."""
+    return Call(
+        "list_queues",
+        "SELECT queue_name, max_attempts, created_at FROM pgqueue.list_queues()",
+        (),
+        lambda rows: [QueueInfo(*r) for r in rows],
+    )
+
+
+def purge_queue(queue: str) -> Call[int]:
+    """Delete every live message of the queue; the count removed."""
+    return Call("purge_queue", "SELECT pgqueue.purge_queue(%s)", (queue,), scalar)
+
+
+def send(
+    queue: str,
+    message: JSON,
+    headers: dict[str, Any] | None = None,
+    delay: int = 0,
+    dedupe_key: str | None = None,
+) -> Call[int]:
+    """Enqueue one message; with a dedupe_key, at most one live message holds that key."""
+    # A token only where it buys something: with a dedupe_key, a retry of this
+    # call that finds its own earlier attempt already consumed returns that id
+    # instead of sending again (exactly-once across the retry).
+    token = uuid.uuid4() if dedupe_key is not None else None
+    return Call(
+        "send",
+        "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s)",
+        (
+            queue,
+            encode_json(message, "message"),
+            None if headers is None else encode_json(headers, "headers"),
+            delay,
+            dedupe_key,
+            token,
+        ),
+        scalar,
+    )
+
+
+def send_batch(
+    queue: str,
+    messages: Sequence[JSON],
+    headers: Sequence[dict[str, Any] | None] | None = None,
+    delay: int = 0,
+) -> Call[list[int]]:
+    """Enqueue many messages in one statement; their ids in input order."""
+    return Call(
+        "send_batch",
+        "SELECT * FROM pgqueue.send_batch(%s, %s::jsonb[], %s::jsonb[], %s)",
+        (
+            queue,
+            encode_json_list(messages, "messages"),
+            None if headers is None else encode_json_list(headers, "headers"),
+            delay,
+        ),
+        column,
+    )
+
+
+def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:
+    """Claim up to qty visible messages, hidden from other readers for vt seconds."""
+    return Call(
+        "read",
+        f"SELECT {_RECORD} FROM pgqueue.read(%s, %s, %s)",
+        (queue, vt, qty),
+        _messages(queue),
+    )
+
+
+def read_with_poll(
+    queue: str, vt: int, qty: int, max_poll_seconds: int = 5, poll_interval_ms: int = 100
+) -> Call[list[Message]]:
+    """Like read, but waits up to max_poll_seconds for a message to become visible."""
+    return Call(
+        "read_with_poll",
+        f"SELECT {_RECORD} FROM pgqueue.read_with_poll(%s, %s, %s, %s, %s)",
+        (queue, vt, qty, max_poll_seconds, poll_interval_ms),
+        _messages(queue),
+    )
+
+
+def pop(queue: str, qty: int = 1) -> Call[list[Message]]:
+    """Take up to qty visible messages and delete them at once (at-most-once delivery)."""
+    return Call("pop", f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)", (queue, qty), _messages(queue))
+
+
+def delete(queue: str, msg_id: int) -> Call[bool]:
+    """Ack one message; False if it was already gone."""
+    return Call("delete", "SELECT pgqueue.delete(%s, %s::bigint)", (queue, msg_id), scalar)
+
+
+def delete_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
+    """Ack many messages; the ids that were still there."""
+    return Call(
+        "delete",
+        "SELECT * FROM pgqueue.delete(%s, %s::bigint[])",
+        (queue, list(msg_ids)),
+        column,
+    )
+
+
+def archive(queue: str, msg_id: int) -> Call[bool]:
+    """Ack one message by moving it to the archive; False if it was already gone."""
+    return Call("archive", "SELECT pgqueue.archive(%s, %s::bigint)", (queue, msg_id), scalar)
+
+
+def archive_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
+    """Archive many messages; the ids that were still there."""
+    return Call(
+        "archive",
+        "SELECT * FROM pgqueue.archive(%s, %s::bigint[])",
+        (queue, list(msg_ids)),
+        column,
+    )
+
+
+def set_vt(queue: str, msg_id: int, vt: int) -> Call[Message | None]:
+    """Make the message visible again vt seconds from now; None if it is gone."""
+    return Call(
+        "set_vt",
+        f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
+        (queue, msg_id, vt),
+        _first_message(queue),
+    )
+
+
+def metrics(queue: str) -> Call[QueueMetrics]:
+    """Size and age figures of one queue."""
+    return Call(
+        "metrics",
+        "SELECT * FROM pgqueue.metrics(%s)",
+        (queue,),
+        lambda rows: _metrics(rows)[0],
+    )
+
+
+def metrics_all() -> Call[list[QueueMetrics]]:
+    """Size and age figures of every queue."""
+    return Call("metrics_all", "SELECT * FROM pgqueue.metrics_all()", (), _metrics)
+
+
+def channel(queue: str) -> str:
+    """The LISTEN channel on which pgqueue.send announces new visible messages."""
+    return f"pgqueue_{queue}"

@@ -1,0 +1,87 @@
+"""The retry policy for dead connections: the one place that decides what is retried."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+import tenacity
+
+log = structlog.get_logger("pgqueue")
+
+# Class 08: connection exceptions. 57P01-57P03: the server is shutting down,
+# crashed, or not accepting connections yet (restart, failover,
+# pg_terminate_backend). Anything else (a constraint, a bad argument, a statement
+# timeout) would fail again the same way, so it is never retried.
+_DEAD_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_dead_connection(exc: BaseException) -> bool:
+    """True when the error means the connection (or the server) went away, not the statement."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # Raised by the client itself: connection refused, reset, closed, or a
+        # pool that could not hand out a connection in time.
+        return True
+    return state.startswith("08") or state in _DEAD_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long a call keeps trying on fresh connections before raising ConnectionLost."""
+
+    attempts: int = 8
+    deadline_seconds: float = 30.0
+    initial_wait_seconds: float = 0.05
+    max_wait_seconds: float = 2.0
+
+    def _stop(self) -> tenacity.stop.stop_base:
+        return tenacity.stop_after_attempt(self.attempts) | tenacity.stop_after_delay(
+            self.deadline_seconds
+        )
+
+    def _wait(self) -> tenacity.wait.wait_base:
+        return tenacity.wait_random_exponential(
+            multiplier=self.initial_wait_seconds, max=self.max_wait_seconds
+        )
+
+    def retrying(self, what: str) -> tenacity.Retrying:
+        """Retry `what` on dead connections only, bounded, with jittered backoff."""
+        return tenacity.Retrying(
+            stop=self._stop(),
+            wait=self._wait(),
+            retry=tenacity.retry_if_exception(is_dead_connection),
+            before_sleep=_log_retry(what),
+            reraise=True,
+        )
+
+    def async_retrying(self, what: str) -> tenacity.AsyncRetrying:
+        """The asyncio twin of `retrying`."""
+        return tenacity.AsyncRetrying(
+            stop=self._stop(),
+            wait=self._wait(),
+            retry=tenacity.retry_if_exception(is_dead_connection),
+            before_sleep=_log_retry(what),
+            reraise=True,
+        )
+
+
+def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "connection.retry",
+            call=what,
+            attempt=state.attempt_number,
+            error=str(exc).strip() if exc else None,
+            sleep=round(state.upcoming_sleep, 3),
+        )
+
+    return before_sleep
+
+
+NO_RETRY = RetryPolicy(attempts=1)

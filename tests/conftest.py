@@ -1,0 +1,135 @@
+"""Test harness: a real Postgres, and a fresh migrated database for every test.
+
+Where the server comes from, in order: $PGQUEUE_TEST_DSN; the local server CI
+has (127.0.0.1:5432, trust auth, database `test`); else an embedded Postgres.
+Each test gets its own database cloned from a migrated template, so tests are
+isolated and the suite runs in parallel (`pytest -n auto`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgqueue import Client, RetryPolicy
+from pgqueue.migrate import migrate
+
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=2):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _server_dsn(tmp_root: Path) -> str:
+    explicit = os.environ.get("PGQUEUE_TEST_DSN")
+    if explicit:
+        return explicit
+    if _answers(LOCAL_DSN):
+        return LOCAL_DSN
+    from pgqueue.embedded import start_embedded
+
+    return start_embedded(tmp_root / "embedded-pg")
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    """The same server, another database."""
+    params: dict[str, Any] = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A DSN to a maintenance database on the test server (superuser)."""
+    root = Path(tempfile.gettempdir()) / "pgqueue-tests"
+    root.mkdir(exist_ok=True)
+    return _server_dsn(root)
+
+
+def _admin(server_dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(server_dsn, autocommit=True)
+
+
+def create_database(server_dsn: str, template: str | None = None) -> str:
+    """Create a uniquely named database; its name."""
+    name = f"pgqueue_t_{uuid.uuid4().hex[:12]}"
+    with _admin(server_dsn) as conn:
+        tmpl = f" TEMPLATE {template}" if template else ""
+        conn.execute(f"CREATE DATABASE {name}{tmpl}")
+    return name
+
+
+def drop_database(server_dsn: str, name: str) -> None:
+    """Drop a test database, disconnecting whoever is still on it."""
+    with _admin(server_dsn) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    """A database migrated once per test process, cloned by every test."""
+    name = create_database(server_dsn)
+    with psycopg.connect(with_dbname(server_dsn, name), autocommit=True) as conn:
+        migrate(conn)
+    yield name
+    drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A DSN to a fresh database with no pgqueue schema."""
+    name = create_database(server_dsn)
+    yield with_dbname(server_dsn, name)
+    drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A DSN to a fresh, migrated database of this test's own."""
+    name = create_database(server_dsn, template=template_db)
+    yield with_dbname(server_dsn, name)
+    drop_database(server_dsn, name)
+
+
+FAST_RETRY = RetryPolicy(attempts=6, deadline_seconds=20, initial_wait_seconds=0.02)
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[Client]:
+    """A client on this test's database."""
+    with Client.from_dsn(dsn, max_size=4, retry=FAST_RETRY) as c:
+        yield c
+
+
+@pytest.fixture
+def sql(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A raw autocommit connection, to call the SQL API as psql would."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def queue(client: Client) -> str:
+    """A queue named `jobs` with max_attempts 3."""
+    client.create_queue("jobs", max_attempts=3)
+    return "jobs"
+
+
+def expire_all(conn: psycopg.Connection[Any], seconds: int = 3600) -> None:
+    """Travel `seconds` into the future for visibility: every vt moves that far back."""
+    conn.execute(
+        "UPDATE pgqueue.message SET vt = vt - make_interval(secs => %s)", (seconds,)
+    )
