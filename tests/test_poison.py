@@ -1,0 +1,127 @@
+"""Poison drop: after max_attempts deliveries a message moves to the poison table, never lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import expire_all
+
+from pgqueue import Client, InvalidArgument, QueueNotFound
+
+
+def _deliver_until_gone(client: Client, queue: str, sql: Any) -> list[int]:
+    reads = []
+    for _ in range(20):
+        batch = client.read(queue, vt=30, qty=10)
+        if not batch:
+            expire_all(sql)
+            batch = client.read(queue, vt=30, qty=10)
+            if not batch:
+                return reads
+        reads.extend(m.read_ct for m in batch)
+        expire_all(sql)
+    raise AssertionError("message was never poison-dropped")
+
+
+def test_message_is_delivered_max_attempts_times_then_poisoned(
+    client: Client, queue: str, sql: Any
+) -> None:
+    msg_id = client.send(queue, {"boom": True}, headers={"h": 1})
+    assert _deliver_until_gone(client, queue, sql) == [1, 2, 3]
+    [p] = client.poison_list(queue)
+    assert (p.queue_name, p.msg_id, p.read_ct, p.message, p.headers) == (
+        queue,
+        msg_id,
+        3,
+        {"boom": True},
+        {"h": 1},
+    )
+    assert "max_attempts exceeded" in p.reason
+    m = client.metrics(queue)
+    assert (m.queue_length, m.poison_length) == (0, 1)
+
+
+def test_poison_drop_happens_in_the_reading_statement_with_healthy_neighbours(
+    client: Client, queue: str, sql: Any
+) -> None:
+    bad = client.send(queue, "bad")
+    for _ in range(3):
+        client.read(queue, vt=0, qty=1)
+    good = client.send(queue, "good")
+    got = client.read(queue, vt=30, qty=10)
+    assert [m.msg_id for m in got] == [good]
+    assert [p.msg_id for p in client.poison_list(queue)] == [bad]
+
+
+def test_pop_also_poisons_exhausted_messages(client: Client, queue: str) -> None:
+    msg_id = client.send(queue, "bad")
+    for _ in range(3):
+        client.read(queue, vt=0, qty=1)
+    assert client.pop(queue, qty=5) == []
+    assert [p.msg_id for p in client.poison_list(queue)] == [msg_id]
+
+
+def test_explicit_poison_moves_message_with_reason(client: Client, queue: str) -> None:
+    msg_id = client.send(queue, {"n": 1})
+    client.read(queue, vt=30, qty=1)
+    assert client.poison(queue, msg_id, "schema v1 payload, cannot handle") is True
+    assert client.poison(queue, msg_id, "again") is False
+    [p] = client.poison_list(queue)
+    assert (p.msg_id, p.read_ct, p.reason) == (msg_id, 1, "schema v1 payload, cannot handle")
+
+
+def test_poison_needs_a_reason(client: Client, queue: str) -> None:
+    msg_id = client.send(queue, 1)
+    with pytest.raises(InvalidArgument, match="reason must not be empty"):
+        client.poison(queue, msg_id, "")
+    assert client.metrics(queue).queue_length == 1
+
+
+def test_requeue_gives_a_fresh_start_with_read_ct_zero(client: Client, queue: str) -> None:
+    a = client.send(queue, "a")
+    b = client.send(queue, "b")
+    client.poison(queue, a, "x")
+    client.poison(queue, b, "y")
+    assert client.poison_requeue(queue, [a, 424242]) == [a]
+    [m] = client.read(queue, vt=30, qty=10)
+    assert (m.msg_id, m.read_ct, m.message) == (a, 1, "a")
+    assert [p.msg_id for p in client.poison_list(queue)] == [b]
+
+
+def test_requeue_keeps_dedupe_key_unless_a_live_message_holds_it(
+    client: Client, queue: str
+) -> None:
+    first = client.send(queue, 1, dedupe_key="k")
+    client.poison(queue, first, "x")
+    holder = client.send(queue, 2, dedupe_key="k")
+    assert client.poison_requeue(queue, [first]) == [first]
+    assert client.send(queue, 3, dedupe_key="k") == holder
+    client.delete(queue, holder)
+    second = client.send(queue, 3, dedupe_key="k")
+    assert second not in (first, holder)
+
+
+def test_purge_selected_and_all(client: Client, queue: str) -> None:
+    ids = client.send_batch(queue, [1, 2, 3])
+    for i in ids:
+        client.poison(queue, i, "bad")
+    assert client.poison_purge(queue, [ids[0], 99]) == 1
+    assert client.poison_purge(queue) == 2
+    assert client.poison_list(queue) == []
+
+
+def test_poison_list_all_queues_newest_first_and_limited(client: Client) -> None:
+    client.create_queue("a")
+    client.create_queue("b")
+    x = client.send("a", 1)
+    y = client.send("b", 2)
+    client.poison("a", x, "first")
+    client.poison("b", y, "second")
+    assert [(p.queue_name, p.reason) for p in client.poison_list()] == [
+        ("b", "second"),
+        ("a", "first"),
+    ]
+    assert len(client.poison_list(qty=1)) == 1
+    with pytest.raises(QueueNotFound):
+        client.poison_requeue("zzz", [1])
