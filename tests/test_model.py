@@ -1,0 +1,176 @@
+"""A stateful hypothesis test: the queue against an in-memory model of the contract.
+
+Time: every delay and vt is a multiple of 100 s and "advancing the clock" moves
+every vt back by that much, so the model's integer clock and the server's real
+clock order messages the same way (the real time an example takes is far below
+100 s). Messages whose vt is set by the same statement tie, and the server
+breaks ties by msg_id, as does the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from pgqueue.client import execute
+from pgqueue import poison as p
+from pgqueue import queue as q
+
+QUEUE = "model"
+MAX_ATTEMPTS = 3
+SECONDS = st.sampled_from([0, 100, 300])
+KEYS = st.sampled_from(["a", "b", None, None])
+
+
+@dataclass
+class Live:
+    msg_id: int
+    payload: int
+    read_ct: int
+    visible_at: int
+    set_by: int
+    dedupe_key: str | None
+
+    def order(self) -> tuple[int, int, int]:
+        return (self.visible_at, self.set_by, self.msg_id)
+
+
+class QueueModel(RuleBasedStateMachine):
+    conn: psycopg.Connection[Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call = lambda c: execute(self.conn, c)
+        self.conn.execute("SELECT pgqueue.drop_queue(%s)", (QUEUE,))
+        self.call(q.create_queue(QUEUE, MAX_ATTEMPTS))
+        self.now = 0
+        self.ops = itertools.count()
+        self.live: dict[int, Live] = {}
+        self.poisoned: dict[int, Live] = {}
+        self.next_id = 1
+        self.known: list[int] = []
+
+    def _visible(self) -> list[Live]:
+        return sorted((m for m in self.live.values() if m.visible_at <= self.now), key=Live.order)
+
+    def _new(self, payload: int, delay: int, key: str | None, op: int) -> Live:
+        m = Live(self.next_id, payload, 0, self.now + delay, op, key)
+        self.next_id += 1
+        self.live[m.msg_id] = m
+        self.known.append(m.msg_id)
+        return m
+
+    @rule(payload=st.integers(0, 1000), delay=SECONDS, key=KEYS)
+    def send(self, payload: int, delay: int, key: str | None) -> None:
+        got = self.call(q.send(QUEUE, payload, None, delay, key))
+        holder = next((m for m in self.live.values() if key and m.dedupe_key == key), None)
+        expected = holder.msg_id if holder else self._new(payload, delay, key, next(self.ops)).msg_id
+        assert got == expected
+
+    @rule(payloads=st.lists(st.integers(0, 1000), max_size=4), delay=SECONDS)
+    def send_batch(self, payloads: list[int], delay: int) -> None:
+        got = self.call(q.send_batch(QUEUE, payloads, None, delay))
+        op = next(self.ops)
+        assert got == [self._new(x, delay, None, op).msg_id for x in payloads]
+
+    def _claim(self, qty: int, vt: int, remove: bool) -> list[tuple[int, int, int]]:
+        op = next(self.ops)
+        delivered = []
+        for m in self._visible()[:qty]:
+            if m.read_ct >= MAX_ATTEMPTS:
+                self.poisoned[m.msg_id] = self.live.pop(m.msg_id)
+                continue
+            m.read_ct += 1
+            m.visible_at, m.set_by = self.now + vt, op
+            if remove:
+                del self.live[m.msg_id]
+            delivered.append((m.msg_id, m.read_ct, m.payload))
+        return sorted(delivered)
+
+    @rule(qty=st.integers(0, 5), vt=SECONDS)
+    def read(self, qty: int, vt: int) -> None:
+        got = self.call(q.read(QUEUE, vt, qty))
+        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, vt, False)
+
+    @rule(qty=st.integers(1, 3))
+    def pop(self, qty: int) -> None:
+        got = self.call(q.pop(QUEUE, qty))
+        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, 0, True)
+
+    @precondition(lambda self: self.known)
+    @rule(data=st.data(), archive=st.booleans())
+    def ack(self, data: st.DataObject, archive: bool) -> None:
+        msg_id = data.draw(st.sampled_from(self.known))
+        call = q.archive if archive else q.delete
+        assert self.call(call(QUEUE, msg_id)) is (self.live.pop(msg_id, None) is not None)
+
+    @precondition(lambda self: self.known)
+    @rule(data=st.data(), vt=SECONDS)
+    def set_vt(self, data: st.DataObject, vt: int) -> None:
+        msg_id = data.draw(st.sampled_from(self.known))
+        got = self.call(q.set_vt(QUEUE, msg_id, vt))
+        m = self.live.get(msg_id)
+        assert (got is not None) is (m is not None)
+        if m is not None:
+            m.visible_at, m.set_by = self.now + vt, next(self.ops)
+
+    @precondition(lambda self: self.known)
+    @rule(data=st.data())
+    def poison(self, data: st.DataObject) -> None:
+        msg_id = data.draw(st.sampled_from(self.known))
+        moved = self.call(p.poison(QUEUE, msg_id, "model says so"))
+        assert moved is (msg_id in self.live)
+        if moved:
+            self.poisoned[msg_id] = self.live.pop(msg_id)
+
+    @precondition(lambda self: self.poisoned)
+    @rule(data=st.data())
+    def requeue(self, data: st.DataObject) -> None:
+        msg_id = data.draw(st.sampled_from(sorted(self.poisoned)))
+        assert self.call(p.poison_requeue(QUEUE, [msg_id])) == [msg_id]
+        m = self.poisoned.pop(msg_id)
+        if m.dedupe_key and any(x.dedupe_key == m.dedupe_key for x in self.live.values()):
+            m.dedupe_key = None
+        m.read_ct, m.visible_at, m.set_by = 0, self.now, next(self.ops)
+        self.live[msg_id] = m
+
+    @rule(seconds=st.sampled_from([100, 200, 300]))
+    def advance(self, seconds: int) -> None:
+        self.conn.execute(
+            "UPDATE pgqueue.message SET vt = vt - make_interval(secs => %s)", (seconds,)
+        )
+        self.now += seconds
+
+    @invariant()
+    def counts_match(self) -> None:
+        m = self.call(q.metrics(QUEUE))
+        assert m.queue_length == len(self.live)
+        assert m.visible_length == len(self._visible())
+        assert m.poison_length == len(self.poisoned)
+        assert m.total_messages == self.next_id - 1
+
+
+def test_queue_behaves_like_its_model(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        QueueModel.conn = conn
+        run_state_machine_as_test(
+            QueueModel,
+            settings=settings(
+                max_examples=150,
+                stateful_step_count=50,
+                deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture],
+            ),
+        )
