@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import queue as _queue
 from pgqueue.calls import Call
@@ -68,13 +68,14 @@ class AsyncClient:
             open=False,
             name="pgqueue-async",
         )
-        await pool.open(wait=False)
         try:
-            async with pool.connection(timeout=connect_timeout + 1) as conn:
-                await conn.execute("SELECT 1")
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            await pool.close()
-            raise unreachable(label, connect_timeout) from exc
+            conn = await psycopg.AsyncConnection.connect(
+                resolved, connect_timeout=max(1, int(connect_timeout))
+            )
+            await conn.close()
+        except psycopg.OperationalError as exc:
+            raise unreachable(label, connect_timeout, exc) from exc
+        await pool.open(wait=False)
         return cls(pool, retry=retry, owns_pool=True, dsn_label=label)
 
     async def close(self) -> None:

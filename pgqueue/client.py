@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import structlog
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from pgqueue import migrate as _migrate
 from pgqueue import poison as _poison
@@ -107,14 +107,12 @@ class Client:
             open=False,
             name="pgqueue",
         )
-        pool.open(wait=False)
         try:
             # Fail fast with one clear line rather than at the first call.
-            with pool.connection(timeout=connect_timeout + 1) as conn:
-                conn.execute("SELECT 1")
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            pool.close()
-            raise unreachable(label, connect_timeout) from exc
+            psycopg.connect(resolved, connect_timeout=max(1, int(connect_timeout))).close()
+        except psycopg.OperationalError as exc:
+            raise unreachable(label, connect_timeout, exc) from exc
+        pool.open(wait=False)
         return cls(pool, retry=retry, owns_pool=True, dsn_label=label)
 
     def close(self) -> None:

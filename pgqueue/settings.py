@@ -33,10 +33,11 @@ def require_dsn(explicit: str | None = None) -> str:
     return dsn
 
 
-def unreachable(dsn_label: str, timeout: float) -> ConnectionLost:
-    """The error for a server that did not answer at startup."""
+def unreachable(dsn_label: str, timeout: float, exc: Exception) -> ConnectionLost:
+    """The error for a server that did not answer at startup, with the reason it gave."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return ConnectionLost(
-        f"could not connect to {dsn_label} within {timeout:g}s;"
+        f"could not connect to {dsn_label} within {timeout:g}s ({reason});"
         " check that the server is running and that the DSN (PGQUEUE_DSN) is right"
     )
 

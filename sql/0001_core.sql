@@ -383,47 +383,77 @@ RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    -- a variable, not clock_timestamp() inline: the index scan needs a constant
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
+    v_left integer := qty;
+    v_dropped integer;
+    v_handed bigint[] := '{}';
+    r record;
 BEGIN
     -- Rows are locked by the claim (SKIP LOCKED), so two readers never get the
     -- same message, and the rows that already used up max_attempts deliveries
     -- are moved to the poison table by the very statement that would have
     -- delivered them again: a poison message is never redelivered, never lost.
-    RETURN QUERY
-    WITH cand AS (
-        SELECT m.msg_id, m.read_ct
-          FROM pgqueue.message m
-         WHERE m.queue_id = q.queue_id AND m.vt <= v_now
-         ORDER BY m.vt, m.msg_id
-         LIMIT qty
-           FOR UPDATE SKIP LOCKED
-    ), poisoned AS (
-        DELETE FROM pgqueue.message m
-         USING cand c
-         WHERE m.queue_id = q.queue_id AND m.msg_id = c.msg_id AND c.read_ct >= q.max_attempts
-        RETURNING m.*
-    ), dropped AS (
-        INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at, reason,
-                                    message, headers, dedupe_key)
-        SELECT p.queue_id, p.msg_id, p.read_ct, p.enqueued_at, v_now,
-               format('max_attempts exceeded: read %s times (max_attempts=%s)', p.read_ct, q.max_attempts),
-               p.message, p.headers, p.dedupe_key
-          FROM poisoned p
-        RETURNING 1
-    ), taken AS (
-        DELETE FROM pgqueue.message m
-         USING cand c
-         WHERE remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id AND c.read_ct < q.max_attempts
-        RETURNING m.msg_id, m.read_ct + 1 AS read_ct, m.enqueued_at, m.vt, m.message, m.headers
-    ), leased AS (
-        UPDATE pgqueue.message m
-           SET vt = v_now + make_interval(secs => vt_seconds), read_ct = m.read_ct + 1
-          FROM cand c
-         WHERE NOT remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id AND c.read_ct < q.max_attempts
-        RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers
-    )
-    SELECT r.* FROM (SELECT * FROM leased UNION ALL SELECT * FROM taken) r ORDER BY r.msg_id;
+    -- When a claim poisons rows it claims again for the places they left, so
+    -- a batch is not cut short (and a consumer not sent to sleep) by poison.
+    LOOP
+        -- a variable, not clock_timestamp() inline: the index scan needs a constant
+        v_now := clock_timestamp();
+        v_dropped := 0;
+        FOR r IN
+            WITH cand AS (
+                SELECT m.msg_id, m.read_ct
+                  FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.vt <= v_now
+                   -- with vt = 0 a row leased in an earlier round is visible
+                   -- again; one call never hands out a message twice
+                   AND m.msg_id <> ALL (v_handed)
+                 ORDER BY m.vt, m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), poisoned AS (
+                DELETE FROM pgqueue.message m
+                 USING cand c
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = c.msg_id
+                   AND c.read_ct >= q.max_attempts
+                RETURNING m.*
+            ), dropped AS (
+                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                            reason, message, headers, dedupe_key)
+                SELECT p.queue_id, p.msg_id, p.read_ct, p.enqueued_at, v_now,
+                       format('max_attempts exceeded: read %s times (max_attempts=%s)',
+                              p.read_ct, q.max_attempts),
+                       p.message, p.headers, p.dedupe_key
+                  FROM poisoned p
+                RETURNING msg_id
+            ), taken AS (
+                DELETE FROM pgqueue.message m
+                 USING cand c
+                 WHERE remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id
+                   AND c.read_ct < q.max_attempts
+                RETURNING m.msg_id, m.read_ct + 1 AS read_ct, m.enqueued_at, m.vt, m.message, m.headers
+            ), leased AS (
+                UPDATE pgqueue.message m
+                   SET vt = v_now + make_interval(secs => vt_seconds), read_ct = m.read_ct + 1
+                  FROM cand c
+                 WHERE NOT remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id
+                   AND c.read_ct < q.max_attempts
+                RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers
+            )
+            SELECT x.*, false AS was_dropped
+              FROM (SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY msg_id) x
+            UNION ALL
+            SELECT d.msg_id, NULL, NULL, NULL, NULL, NULL, true FROM dropped d
+        LOOP
+            IF r.was_dropped THEN
+                v_dropped := v_dropped + 1;
+            ELSE
+                v_left := v_left - 1;
+                v_handed := v_handed || r.msg_id;
+                RETURN NEXT ROW (r.msg_id, r.read_ct, r.enqueued_at, r.vt, r.message, r.headers)::pgqueue.message_record;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_dropped = 0 OR v_left <= 0;
+    END LOOP;
 END
 $$;
 

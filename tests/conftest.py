@@ -130,6 +130,4 @@ def queue(client: Client) -> str:
 
 def expire_all(conn: psycopg.Connection[Any], seconds: int = 3600) -> None:
     """Travel `seconds` into the future for visibility: every vt moves that far back."""
-    conn.execute(
-        "UPDATE pgqueue.message SET vt = vt - make_interval(secs => %s)", (seconds,)
-    )
+    conn.execute("UPDATE pgqueue.message SET vt = vt - make_interval(secs => %s)", (seconds,))

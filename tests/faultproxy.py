@@ -6,6 +6,7 @@ after the server committed but before the client heard back.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Any
@@ -111,8 +112,6 @@ def _recv(s: socket.socket) -> bytes:
 
 
 def _close(s: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     s.close()

@@ -24,9 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pgqueue.client import execute
 from pgqueue import poison as p
 from pgqueue import queue as q
+from pgqueue.client import execute
 
 QUEUE = "model"
 MAX_ATTEMPTS = 3
@@ -76,8 +76,9 @@ class QueueModel(RuleBasedStateMachine):
     def send(self, payload: int, delay: int, key: str | None) -> None:
         got = self.call(q.send(QUEUE, payload, None, delay, key))
         holder = next((m for m in self.live.values() if key and m.dedupe_key == key), None)
-        expected = holder.msg_id if holder else self._new(payload, delay, key, next(self.ops)).msg_id
-        assert got == expected
+        if holder is None:
+            holder = self._new(payload, delay, key, next(self.ops))
+        assert got == holder.msg_id
 
     @rule(payloads=st.lists(st.integers(0, 1000), max_size=4), delay=SECONDS)
     def send_batch(self, payloads: list[int], delay: int) -> None:
@@ -86,23 +87,38 @@ class QueueModel(RuleBasedStateMachine):
         assert got == [self._new(x, delay, None, op).msg_id for x in payloads]
 
     def _claim(self, qty: int, vt: int, remove: bool) -> list[tuple[int, int, int]]:
-        op = next(self.ops)
-        delivered = []
-        for m in self._visible()[:qty]:
-            if m.read_ct >= MAX_ATTEMPTS:
-                self.poisoned[m.msg_id] = self.live.pop(m.msg_id)
-                continue
-            m.read_ct += 1
-            m.visible_at, m.set_by = self.now + vt, op
-            if remove:
-                del self.live[m.msg_id]
-            delivered.append((m.msg_id, m.read_ct, m.payload))
-        return sorted(delivered)
+        # One claim statement per round; a round that poisoned something is
+        # followed by another for the places the poisoned rows left.
+        delivered: list[tuple[int, int, int]] = []
+        while True:
+            op = next(self.ops)
+            dropped = 0
+            handed = {d[0] for d in delivered}
+            candidates = [m for m in self._visible() if m.msg_id not in handed]
+            leased = candidates[: qty - len(delivered)]
+            this_round = []
+            for m in leased:
+                if m.read_ct >= MAX_ATTEMPTS:
+                    self.poisoned[m.msg_id] = self.live.pop(m.msg_id)
+                    dropped += 1
+                    continue
+                m.read_ct += 1
+                m.visible_at, m.set_by = self.now + vt, op
+                if remove:
+                    del self.live[m.msg_id]
+                this_round.append((m.msg_id, m.read_ct, m.payload))
+            delivered += sorted(this_round)
+            if dropped == 0 or len(delivered) >= qty:
+                return delivered
 
     @rule(qty=st.integers(0, 5), vt=SECONDS)
     def read(self, qty: int, vt: int) -> None:
+        waiting, poisoned = len(self._visible()), len(self.poisoned)
         got = self.call(q.read(QUEUE, vt, qty))
         assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, vt, False)
+        dropped = len(self.poisoned) - poisoned
+        assert len(got) == min(qty, waiting - dropped), "a claim came back short with work waiting"
+        assert len({m.msg_id for m in got}) == len(got), "one read handed a message out twice"
 
     @rule(qty=st.integers(1, 3))
     def pop(self, qty: int) -> None:

@@ -1,0 +1,85 @@
+"""The `pgqueue` command: migrate and demo, in-process and as real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+from click.testing import CliRunner
+
+from pgqueue.cli import main
+
+
+def test_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
+    runner = CliRunner()
+    first = runner.invoke(main, ["migrate", "--dsn", empty_dsn])
+    assert first.exit_code == 0, first.output
+    assert "applied 1 migration(s): 0001_core" in first.output
+    again = runner.invoke(main, ["migrate", "--dsn", empty_dsn])
+    assert again.exit_code == 0 and "up to date" in again.output
+
+
+def test_migrate_without_any_dsn_says_how_to_give_one(monkeypatch: object) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "migrate"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "pgqueue: error: no database given: pass a DSN (--dsn), or set PGQUEUE_DSN"
+        " (or DATABASE_URL), e.g. postgresql://user@localhost:5432/dbname"
+    ]
+
+
+def test_migrate_against_a_dead_server_is_one_line_and_exit_1() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pgqueue",
+            "migrate",
+            "--dsn",
+            "postgresql://x@127.0.0.1:1/db",
+            "--connect-timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("pgqueue: error: could not connect to x@127.0.0.1:1/db")
+
+
+def test_demo_against_a_server_poisons_the_bad_order(dsn: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "demo", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "poison: msg_id 3" in result.stdout
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*), max(read_ct) FROM pgqueue.poison").fetchone()
+        live = conn.execute("SELECT count(*) FROM pgqueue.message").fetchone()
+    assert row == (1, 3) and live == (0,)
+
+
+def test_demo_with_no_dsn_runs_on_the_embedded_postgres(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "starting the embedded Postgres" in result.stdout
+    assert "poison_length=1" in result.stdout
