@@ -237,6 +237,39 @@ class Client:
         """Like read, waiting up to max_poll_seconds for something to arrive."""
         return self.run(_queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms))
 
+    def read_or_wait(
+        self, queue: str, *, vt: int = 30, qty: int = 1, max_wait_seconds: float = 5.0
+    ) -> list[Message]:
+        """Like read, but when the queue is empty wait (LISTEN) up to max_wait_seconds for a send.
+
+        Returns as soon as a send is announced (milliseconds), possibly with
+        nothing if another reader took the message first. Behind PgBouncer in
+        transaction mode LISTEN cannot work: use read() in a polling loop there.
+        """
+        got = self.read(queue, vt=vt, qty=qty)
+        if got or max_wait_seconds <= 0:
+            return got
+        try:
+            with self.pool.connection() as conn:
+                execute(conn, _queue.listen(queue))
+                try:
+                    # Sent between our first read and the listen: not announced to us.
+                    got = execute(conn, _queue.read(queue, vt, qty))
+                    if not got:
+                        for _ in conn.notifies(timeout=max_wait_seconds, stop_after=1):
+                            pass
+                finally:
+                    execute(conn, _queue.unlisten(queue))
+        except psycopg.OperationalError as exc:
+            if not is_dead_connection(exc):
+                raise
+            # The wait is only an optimisation: a dead connection counts as a wake-up.
+            log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
+        except psycopg.Error as exc:
+            raise_translated(exc, "read_or_wait", self._dsn_label)
+            raise
+        return got or self.read(queue, vt=vt, qty=qty)
+
     def pop(self, queue: str, *, qty: int = 1, conn: Connection | None = None) -> list[Message]:
         """Take and delete up to qty messages at once (at-most-once delivery)."""
         return self.run(_queue.pop(queue, qty), conn)

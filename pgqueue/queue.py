@@ -226,5 +226,15 @@ def metrics_all() -> Call[list[QueueMetrics]]:
 
 
 def channel(queue: str) -> str:
-    """The LISTEN channel on which pgqueue.send announces new visible messages."""
+    """The LISTEN channel on which sends announce new messages while someone waits."""
     return f"pgqueue_{queue}"
+
+
+def listen(queue: str) -> Call[str]:
+    """LISTEN on the queue's channel and declare this session waiting, so sends notify it."""
+    return Call("listen", "SELECT pgqueue.listen(%s)", (queue,), scalar)
+
+
+def unlisten(queue: str) -> Call[None]:
+    """Stop waiting on the queue: sends stop paying for a notification on our behalf."""
+    return Call("unlisten", "SELECT pgqueue.unlisten(%s)", (queue,), nothing)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from typing import Any
 
@@ -10,6 +11,7 @@ import psycopg
 import pytest
 from conftest import expire_all
 
+import pgqueue
 from pgqueue import Client, InvalidArgument, InvalidMessage, Message, QueueNotFound
 
 
@@ -191,12 +193,51 @@ def test_read_with_poll_waits_for_a_message(client: Client, queue: str, dsn: str
     assert [m.message for m in got] == ["soon"]
 
 
-def test_send_notifies_listeners_on_the_queue_channel(client: Client, queue: str, dsn: str) -> None:
+def test_send_notifies_sessions_waiting_on_the_queue(client: Client, queue: str, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute(f'LISTEN "{__import__("pgqueue").channel(queue)}"')
+        channel = listener.execute("SELECT pgqueue.listen(%s)", (queue,)).fetchone()[0]
+        assert channel == pgqueue.channel(queue) == f"pgqueue_{queue}"
         client.send(queue, 1)
         notes = list(listener.notifies(timeout=2, stop_after=1))
-    assert [n.channel for n in notes] == [f"pgqueue_{queue}"]
+        assert [n.channel for n in notes] == [channel]
+        listener.execute("SELECT pgqueue.unlisten(%s)", (queue,))
+        listener.execute(f"LISTEN {channel}")
+        client.send(queue, 2)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_send_without_waiters_does_not_notify(client: Client, queue: str, dsn: str) -> None:
+    # A plain LISTEN without pgqueue.listen() is not a declared waiter: busy
+    # queues must not pay the commit-serializing NOTIFY.
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {pgqueue.channel(queue)}")
+        client.send(queue, 1)
+        client.send_batch(queue, [2, 3])
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_read_or_wait_wakes_on_a_send_within_milliseconds(client: Client, queue: str) -> None:
+    def later() -> None:
+        time.sleep(0.5)
+        client.send(queue, "wake up")
+
+    t = threading.Thread(target=later)
+    start = time.monotonic()
+    t.start()
+    got = client.read_or_wait(queue, vt=30, qty=1, max_wait_seconds=10)
+    waited = time.monotonic() - start
+    t.join()
+    assert [m.message for m in got] == ["wake up"]
+    assert 0.45 < waited < 3, "woken by the notification, not by the 10 s timeout"
+
+
+def test_read_or_wait_gives_up_after_max_wait_and_unregisters(
+    client: Client, queue: str, sql: Any
+) -> None:
+    start = time.monotonic()
+    assert client.read_or_wait(queue, vt=30, qty=1, max_wait_seconds=0.5) == []
+    assert time.monotonic() - start >= 0.45
+    assert sql.execute("SELECT count(*) FROM pgqueue.waiter").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks for pgqueue; see benchmarks/README.md."""
