@@ -431,23 +431,26 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz;
     v_left integer := qty;
-    v_dropped integer;
+    v_ok bigint[];
+    v_exhausted bigint[];
     v_handed bigint[] := '{}';
-    r record;
 BEGIN
     -- Rows are locked by the claim (SKIP LOCKED), so two readers never get the
     -- same message, and the rows that already used up max_attempts deliveries
-    -- are moved to the poison table by the very statement that would have
+    -- are moved to the poison table in the same transaction that would have
     -- delivered them again: a poison message is never redelivered, never lost.
     -- When a claim poisons rows it claims again for the places they left, so
     -- a batch is not cut short (and a consumer not sent to sleep) by poison.
+    --
+    -- Small statements over id arrays rather than one big CTE: measured, the
+    -- big statement spent ~0.4 ms per call in the planner, ten times its run time.
     LOOP
         -- a variable, not clock_timestamp() inline: the index scan needs a constant
         v_now := clock_timestamp();
-        v_dropped := 0;
-        FOR r IN
-            WITH cand AS (
-                SELECT m.msg_id, m.read_ct
+        SELECT coalesce(array_agg(c.msg_id) FILTER (WHERE c.read_ct < q.max_attempts), '{}'),
+               coalesce(array_agg(c.msg_id) FILTER (WHERE c.read_ct >= q.max_attempts), '{}')
+          INTO v_ok, v_exhausted
+          FROM (SELECT m.msg_id, m.read_ct
                   FROM pgqueue.message m
                  WHERE m.queue_id = q.queue_id AND m.vt <= v_now
                    -- with vt = 0 a row leased in an earlier round is visible
@@ -455,50 +458,46 @@ BEGIN
                    AND m.msg_id <> ALL (v_handed)
                  ORDER BY m.vt, m.msg_id
                  LIMIT v_left
-                   FOR UPDATE SKIP LOCKED
-            ), poisoned AS (
-                DELETE FROM pgqueue.message m
-                 USING cand c
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = c.msg_id
-                   AND c.read_ct >= q.max_attempts
-                RETURNING m.*
-            ), dropped AS (
-                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                            reason, message, headers, dedupe_key)
-                SELECT p.queue_id, p.msg_id, p.read_ct, p.enqueued_at, v_now,
-                       format('max_attempts exceeded: read %s times (max_attempts=%s)',
-                              p.read_ct, q.max_attempts),
-                       p.message, p.headers, p.dedupe_key
-                  FROM poisoned p
-                RETURNING msg_id
-            ), taken AS (
-                DELETE FROM pgqueue.message m
-                 USING cand c
-                 WHERE remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id
-                   AND c.read_ct < q.max_attempts
-                RETURNING m.msg_id, m.read_ct + 1 AS read_ct, m.enqueued_at, m.vt, m.message, m.headers
-            ), leased AS (
-                UPDATE pgqueue.message m
-                   SET vt = v_now + make_interval(secs => vt_seconds), read_ct = m.read_ct + 1
-                  FROM cand c
-                 WHERE NOT remove AND m.queue_id = q.queue_id AND m.msg_id = c.msg_id
-                   AND c.read_ct < q.max_attempts
-                RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers
+                   FOR UPDATE SKIP LOCKED) c;
+
+        IF cardinality(v_exhausted) > 0 THEN
+            WITH gone AS (
+                DELETE FROM pgqueue.message
+                 WHERE queue_id = q.queue_id AND msg_id = ANY (v_exhausted)
+                RETURNING *
             )
-            SELECT x.*, false AS was_dropped
-              FROM (SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY msg_id) x
-            UNION ALL
-            SELECT d.msg_id, NULL, NULL, NULL, NULL, NULL, true FROM dropped d
-        LOOP
-            IF r.was_dropped THEN
-                v_dropped := v_dropped + 1;
+            INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                        reason, message, headers, dedupe_key)
+            SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
+                   format('max_attempts exceeded: read %s times (max_attempts=%s)',
+                          g.read_ct, q.max_attempts),
+                   g.message, g.headers, g.dedupe_key
+              FROM gone g;
+        END IF;
+
+        IF cardinality(v_ok) > 0 THEN
+            IF remove THEN
+                RETURN QUERY
+                WITH taken AS (
+                    DELETE FROM pgqueue.message
+                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, vt, message, headers
+                )
+                SELECT * FROM taken t ORDER BY t.msg_id;
             ELSE
-                v_left := v_left - 1;
-                v_handed := v_handed || r.msg_id;
-                RETURN NEXT ROW (r.msg_id, r.read_ct, r.enqueued_at, r.vt, r.message, r.headers)::pgqueue.message_record;
+                RETURN QUERY
+                WITH leased AS (
+                    UPDATE pgqueue.message
+                       SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1
+                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers
+                )
+                SELECT * FROM leased l ORDER BY l.msg_id;
             END IF;
-        END LOOP;
-        EXIT WHEN v_dropped = 0 OR v_left <= 0;
+            v_left := v_left - cardinality(v_ok);
+            v_handed := v_handed || v_ok;
+        END IF;
+        EXIT WHEN cardinality(v_exhausted) = 0 OR v_left <= 0;
     END LOOP;
 END
 $$;
