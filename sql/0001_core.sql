@@ -184,12 +184,17 @@ CREATE UNLOGGED TABLE pgqueue.waiter (
     PRIMARY KEY (queue_id, pid)
 );
 
+CREATE FUNCTION pgqueue._channel(queue_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgqueue_' || queue_name;
+$$;
+
 CREATE FUNCTION pgqueue._notify(q pgqueue.queue) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
         -- Identical notifications fold within a transaction: a batch costs one.
-        PERFORM pg_notify('pgqueue_' || q.queue_name, '');
+        PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
     END IF;
 END
 $$;
@@ -199,7 +204,7 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(listen.queue_name);
-    v_channel text := 'pgqueue_' || q.queue_name;
+    v_channel text := pgqueue._channel(q.queue_name);
 BEGIN
     DELETE FROM pgqueue.waiter w
      WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid);
@@ -217,7 +222,7 @@ DECLARE
     q pgqueue.queue := pgqueue._queue(unlisten.queue_name);
 BEGIN
     DELETE FROM pgqueue.waiter WHERE queue_id = q.queue_id AND pid = pg_backend_pid();
-    EXECUTE format('UNLISTEN %I', 'pgqueue_' || q.queue_name);
+    EXECUTE format('UNLISTEN %I', pgqueue._channel(q.queue_name));
 END
 $$;
 
