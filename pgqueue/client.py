@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -11,10 +12,14 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from pgqueue import barrier as _barrier
+from pgqueue import claims as _claims
 from pgqueue import migrate as _migrate
 from pgqueue import poison as _poison
 from pgqueue import queue as _queue
+from pgqueue.barrier import BarrierStatus, MemberResult
 from pgqueue.calls import Call
+from pgqueue.claims import Claim, ClaimRecord
 from pgqueue.errors import ConnectionLost, InvalidArgument, translate
 from pgqueue.poison import PoisonMessage
 from pgqueue.queue import JSON, Message, QueueInfo, QueueMetrics
@@ -331,3 +336,90 @@ class Client:
     def poison_purge(self, queue: str, msg_ids: Sequence[int] | None = None) -> int:
         """Delete poisoned messages (all of the queue's when msg_ids is None); how many."""
         return self.run(_poison.poison_purge(queue, msg_ids))
+
+    # -- barriers -----------------------------------------------------------
+
+    def fan_out(
+        self,
+        queue: str,
+        messages: Sequence[JSON],
+        *,
+        callback_queue: str,
+        callback_message: JSON,
+        barrier_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        deadline_seconds: int | None = None,
+        conn: Connection | None = None,
+    ) -> str:
+        """Send the members and arm a barrier atomically; exactly one callback will follow.
+
+        The barrier id is generated here when not given, so a fan_out retried
+        after a lost reply finds its first attempt and sends nothing twice.
+        """
+        bid = barrier_id if barrier_id is not None else str(uuid.uuid4())
+        return self.run(
+            _barrier.fan_out(
+                queue, messages, callback_queue, callback_message, bid, headers, deadline_seconds
+            ),
+            conn,
+        )
+
+    def complete_member(
+        self,
+        queue: str,
+        msg_id: int,
+        *,
+        outcome: str = "succeeded",
+        result: JSON = None,
+        conn: Connection | None = None,
+    ) -> BarrierStatus | None:
+        """Ack a member and count it once; its barrier's state after, or None if not a member."""
+        statuses = self.run(_barrier.complete_members(queue, [msg_id], [outcome], [result]), conn)
+        return statuses[0] if statuses else None
+
+    def complete_members(
+        self,
+        queue: str,
+        msg_ids: Sequence[int],
+        *,
+        outcomes: Sequence[str] | None = None,
+        results: Sequence[JSON] | None = None,
+        conn: Connection | None = None,
+    ) -> list[BarrierStatus]:
+        """Ack and count many members in one transaction; the state of each barrier touched."""
+        return self.run(_barrier.complete_members(queue, msg_ids, outcomes, results), conn)
+
+    def barrier_status(self, barrier_id: str) -> BarrierStatus:
+        """The barrier's progress; raises BarrierNotFound for an unknown id."""
+        return self.run(_barrier.barrier_status(barrier_id))
+
+    def barrier_results(self, barrier_id: str) -> list[MemberResult]:
+        """Each member's outcome and result, for the callback handler."""
+        return self.run(_barrier.barrier_results(barrier_id))
+
+    def list_barriers(self, *, state: str | None = None, qty: int = 100) -> list[BarrierStatus]:
+        """The newest barriers, optionally only open, fired or expired ones."""
+        return self.run(_barrier.list_barriers(state, qty))
+
+    def expire_barriers(self) -> int:
+        """Fire overdue barriers with missing members timed out; safe from every process at once."""
+        return self.run(_barrier.expire_barriers())
+
+    # -- single-flight claims -----------------------------------------------
+
+    def claim(self, key: str, *, owner: str | None = None, lease_seconds: int = 30) -> Claim:
+        """A context manager holding `key` for one owner at a time, renewing its lease meanwhile.
+
+        `with client.claim("orchestrate:A") as c:` then `c.acquired` says
+        whether this caller holds it; `c.finish()` leaves a tombstone so the
+        work can never run again; leaving without finish() releases the key.
+        """
+        return Claim(self, key, owner or _claims.default_owner(), lease_seconds)
+
+    def list_claims(self, *, qty: int = 100) -> list[ClaimRecord]:
+        """The most recent claims and tombstones."""
+        return self.run(_claims.list_claims(qty))
+
+    def purge_claims(self, *, older_than_seconds: int) -> int:
+        """Delete tombstones older than that; how many."""
+        return self.run(_claims.purge_claims(older_than_seconds))

@@ -6,6 +6,8 @@ import psycopg
 
 # SQLSTATEs raised by the SQL functions in sql/ (see the header of 0001_core.sql).
 SQLSTATE_QUEUE_NOT_FOUND = "PGQ01"
+SQLSTATE_BARRIER_NOT_FOUND = "PGQ02"
+SQLSTATE_BARRIER_CONFLICT = "PGQ03"
 _INVALID_ARGUMENT_STATES = frozenset({"22023", "22004", "22P02", "22003", "54000", "23514"})
 _NOT_MIGRATED_STATES = frozenset({"3F000", "42883", "42P01", "42704"})
 
@@ -30,6 +32,18 @@ class ConnectionLost(PgQueueError):
     """The database could not be reached, even after retrying on fresh connections."""
 
 
+class BarrierNotFound(PgQueueError):
+    """The named barrier does not exist."""
+
+
+class BarrierConflict(PgQueueError):
+    """A barrier id was reused for a different fan-out."""
+
+
+class QueueInUse(PgQueueError):
+    """The queue cannot be dropped: open barriers will call back into it."""
+
+
 class NotMigrated(PgQueueError):
     """The database has no (or an outdated) pgqueue schema."""
 
@@ -46,6 +60,12 @@ def translate(exc: psycopg.Error) -> PgQueueError | None:
     hint = f" ({diag.message_hint})" if diag.message_hint else ""
     if state == SQLSTATE_QUEUE_NOT_FOUND:
         return QueueNotFound(primary + hint)
+    if state == SQLSTATE_BARRIER_NOT_FOUND:
+        return BarrierNotFound(primary + hint)
+    if state == SQLSTATE_BARRIER_CONFLICT:
+        return BarrierConflict(primary + hint)
+    if state == "55006":
+        return QueueInUse(primary + hint)
     if state in _NOT_MIGRATED_STATES and "pgqueue" in str(exc):
         return NotMigrated(
             f"{primary}: the database is missing pgqueue's schema or a newer part of it;"

@@ -27,6 +27,23 @@ class Message:
     message: JSON
     headers: dict[str, Any] | None
 
+    @property
+    def barrier_id(self) -> str | None:
+        """The barrier this message is a member (or the callback) of, if any."""
+        value = (self.headers or {}).get("barrier_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def member_index(self) -> int | None:
+        """This member's position in its fan-out (0-based); None if not a member."""
+        value = (self.headers or {}).get("member_index")
+        return value if isinstance(value, int) and not self.is_callback else None
+
+    @property
+    def is_callback(self) -> bool:
+        """True when pgqueue's barrier sent this message (it carries the transport marker)."""
+        return bool((self.headers or {}).get("_pg_transport"))
+
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:

@@ -30,6 +30,18 @@ def is_dead_connection(exc: BaseException) -> bool:
     return state.startswith("08") or state in _DEAD_STATES
 
 
+# Deadlock and serialization failures abort a transaction that then changed
+# nothing; for pgqueue's own single-call transactions a retry is always safe.
+_ROLLED_BACK_STATES = frozenset({"40P01", "40001"})
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for errors after which re-running the same call is safe and may succeed."""
+    if is_dead_connection(exc):
+        return True
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in _ROLLED_BACK_STATES
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How long a call keeps trying on fresh connections before raising ConnectionLost."""
@@ -50,11 +62,11 @@ class RetryPolicy:
         )
 
     def retrying(self, what: str) -> tenacity.Retrying:
-        """Retry `what` on dead connections only, bounded, with jittered backoff."""
+        """Retry `what` on dead connections and rolled-back transactions only, bounded, jittered."""
         return tenacity.Retrying(
             stop=self._stop(),
             wait=self._wait(),
-            retry=tenacity.retry_if_exception(is_dead_connection),
+            retry=tenacity.retry_if_exception(is_retryable),
             before_sleep=_log_retry(what),
             reraise=True,
         )
@@ -64,7 +76,7 @@ class RetryPolicy:
         return tenacity.AsyncRetrying(
             stop=self._stop(),
             wait=self._wait(),
-            retry=tenacity.retry_if_exception(is_dead_connection),
+            retry=tenacity.retry_if_exception(is_retryable),
             before_sleep=_log_retry(what),
             reraise=True,
         )

@@ -269,6 +269,13 @@ BEGIN
 END
 $$;
 
+-- Called by drop_queue before it changes anything; later migrations replace it
+-- to refuse drops that would strand other state.
+CREATE FUNCTION pgqueue._before_drop(q pgqueue.queue) RETURNS void
+LANGUAGE sql AS $$
+    SELECT;
+$$;
+
 CREATE FUNCTION pgqueue.drop_queue(queue_name text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -279,12 +286,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM pgqueue._before_drop(q);
     -- Drop the sequence first: nextval holds a lock on it until the sending
     -- transaction ends, so this waits for in-flight sends to commit (their rows
     -- are then deleted below, not left behind without a queue), and a send that
     -- starts later fails instead of writing an orphan row.
     EXECUTE format('DROP SEQUENCE %s', q.msg_seq);
+    PERFORM set_config('pgqueue.removal', 'purged', true);
     DELETE FROM pgqueue.message WHERE queue_id = q.queue_id;
+    PERFORM set_config('pgqueue.removal', '', true);
     DELETE FROM pgqueue.archive WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.send_receipt WHERE queue_id = q.queue_id;
@@ -306,8 +316,11 @@ DECLARE
     q pgqueue.queue := pgqueue._queue(queue_name);
     n bigint;
 BEGIN
+    -- Tells triggers on pgqueue.message why these rows leave: discarded, not acked.
+    PERFORM set_config('pgqueue.removal', 'purged', true);
     DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id;
     GET DIAGNOSTICS n = ROW_COUNT;
+    PERFORM set_config('pgqueue.removal', '', true);
     RETURN n;
 END
 $$;

@@ -20,13 +20,14 @@ from pgqueue import Client, ConnectionLost, QueueNotFound, RetryPolicy
 from pgqueue.calls import Call, scalar
 
 
-def terminate_client_backends(dsn: str) -> int:
-    """pg_terminate_backend every pgqueue connection to this test's database."""
+def terminate_client_backends(dsn: str, application_name: str = "pgqueue") -> int:
+    """pg_terminate_backend every connection of that application to this test's database."""
     with psycopg.connect(dsn, autocommit=True) as admin:
         rows = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = 'pgqueue'"
-            " AND pid <> pg_backend_pid()"
+            " WHERE datname = current_database() AND application_name = %s"
+            " AND pid <> pg_backend_pid()",
+            (application_name,),
         ).fetchall()
     return len(rows)
 

@@ -1,0 +1,128 @@
+"""Barriers as calls: fan out N messages, count member completions, fire exactly one callback."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgqueue.calls import Call, Row, encode_json, encode_json_list, scalar
+
+# Header keys pgqueue writes; a callback handler reads them off Message.headers.
+TRANSPORT_MARKER = "_pg_transport"
+BARRIER_ID = "barrier_id"
+MEMBER_INDEX = "member_index"
+
+OUTCOMES = ("succeeded", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierStatus:
+    """A barrier's progress; `state` is open, fired or expired."""
+
+    barrier_id: str
+    queue_name: str | None
+    callback_queue: str | None
+    total: int
+    succeeded: int
+    failed: int
+    remaining: int
+    state: str
+    created_at: datetime
+    fired_at: datetime | None
+    callback_msg_id: int | None
+    deadline: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResult:
+    """How one member of a barrier ended (outcome None while it is pending)."""
+
+    member_index: int
+    msg_id: int
+    outcome: str | None
+    result: Any
+    completed_at: datetime | None
+
+
+def _statuses(rows: list[Row]) -> list[BarrierStatus]:
+    return [BarrierStatus(*r) for r in rows]
+
+
+def fan_out(
+    queue: str,
+    messages: Sequence[Any],
+    callback_queue: str,
+    callback_message: Any,
+    barrier_id: str,
+    headers: dict[str, Any] | None = None,
+    deadline_seconds: int | None = None,
+) -> Call[str]:
+    """Send the members and arm their barrier in one transaction; the barrier id."""
+    return Call(
+        "fan_out",
+        "SELECT pgqueue.fan_out(%s, %s::jsonb[], %s, %s::jsonb, %s, %s::jsonb, %s)",
+        (
+            queue,
+            encode_json_list(messages, "messages"),
+            callback_queue,
+            encode_json(callback_message, "callback_message"),
+            barrier_id,
+            None if headers is None else encode_json(headers, "headers"),
+            deadline_seconds,
+        ),
+        scalar,
+    )
+
+
+def complete_members(
+    queue: str,
+    msg_ids: Sequence[int],
+    outcomes: Sequence[str] | None = None,
+    results: Sequence[Any] | None = None,
+) -> Call[list[BarrierStatus]]:
+    """Ack members and count each once; the state of every barrier they belong to."""
+    return Call(
+        "complete_members",
+        "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[], %s::jsonb[])",
+        (
+            queue,
+            list(msg_ids),
+            None if outcomes is None else list(outcomes),
+            None if results is None else encode_json_list(results, "results"),
+        ),
+        _statuses,
+    )
+
+
+def barrier_status(barrier_id: str) -> Call[BarrierStatus]:
+    """The barrier's progress; BarrierNotFound if there is no such barrier."""
+    return Call(
+        "barrier_status",
+        "SELECT * FROM pgqueue.barrier_status(%s)",
+        (barrier_id,),
+        lambda rows: _statuses(rows)[0],
+    )
+
+
+def barrier_results(barrier_id: str) -> Call[list[MemberResult]]:
+    """Every member's outcome and result, by member index."""
+    return Call(
+        "barrier_results",
+        "SELECT * FROM pgqueue.barrier_results(%s)",
+        (barrier_id,),
+        lambda rows: [MemberResult(*r) for r in rows],
+    )
+
+
+def list_barriers(state: str | None = None, qty: int = 100) -> Call[list[BarrierStatus]]:
+    """The newest barriers, optionally only those in one state."""
+    return Call(
+        "list_barriers", "SELECT * FROM pgqueue.list_barriers(%s, %s)", (state, qty), _statuses
+    )
+
+
+def expire_barriers() -> Call[int]:
+    """Fire the callbacks of overdue barriers (missing members timed out); how many."""
+    return Call("expire_barriers", "SELECT pgqueue.expire_barriers()", (), scalar)
