@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgqueue import barrier as _barrier
 from pgqueue import queue as _queue
 from pgqueue.calls import Call
 from pgqueue.client import connection_kwargs, raise_translated
@@ -141,6 +143,25 @@ class AsyncClient:
     ) -> list[int]:
         """Enqueue all messages atomically; their msg_ids in order."""
         return await self.run(_queue.send_batch(queue, messages, headers, delay), conn)
+
+    async def fan_out(
+        self,
+        queue: str,
+        messages: Sequence[JSON],
+        *,
+        callback_queue: str,
+        callback_message: JSON,
+        barrier_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        deadline_seconds: int | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> str:
+        """Send the members and arm a barrier atomically (same guarantees as Client.fan_out)."""
+        bid = barrier_id if barrier_id is not None else str(uuid.uuid4())
+        call = _barrier.fan_out(
+            queue, messages, callback_queue, callback_message, bid, headers, deadline_seconds
+        )
+        return await self.run(call, conn)
 
     async def read(self, queue: str, *, vt: int = 30, qty: int = 1) -> list[Message]:
         """Claim up to qty messages for vt seconds."""

@@ -1,0 +1,26 @@
+"""The README's examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_block_after(heading: str) -> str:
+    text = README.read_text()
+    section = text[text.index(heading) :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, f"no python example under {heading!r}"
+    return match.group(1)
+
+
+def test_fan_out_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    exec(compile(python_block_after("## Fan-out and barriers"), "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "{'album': 7}" in out and "'succeeded': 10" in out and "'_pg_transport': True" in out
