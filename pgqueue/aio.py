@@ -15,7 +15,7 @@ from pgqueue import queue as _queue
 from pgqueue.calls import Call
 from pgqueue.client import connection_kwargs, raise_translated
 from pgqueue.queue import JSON, Message, QueueMetrics
-from pgqueue.retry import RetryPolicy, is_dead_connection
+from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
 from pgqueue.settings import describe_dsn, require_dsn, unreachable
 
 T = TypeVar("T")
@@ -101,7 +101,8 @@ class AsyncClient:
         try:
             if conn is not None:
                 return await execute_async(conn, call)
-            async for attempt in self.retry.async_retrying(call.name):
+            policy = self.retry if call.retryable else NO_RETRY
+            async for attempt in policy.async_retrying(call.name):
                 with attempt:
                     try:
                         async with self.pool.connection() as pooled:

@@ -26,6 +26,9 @@ class Call(Generic[T]):
     sql: str
     params: tuple[Any, ...]
     result: Callable[[list[Row]], T]
+    # False for the calls a blind retry could harm (pop: a retry after a lost
+    # reply would take a second batch and the first would be gone unseen).
+    retryable: bool = True
 
 
 def scalar(rows: list[Row]) -> Any:
@@ -63,3 +66,8 @@ def encode_json(value: Any, what: str) -> str:
 def encode_json_list(values: Sequence[Any], what: str) -> list[str]:
     """Serialize each element of a list of JSON values, naming the bad one on error."""
     return [encode_json(v, f"{what}[{i}]") for i, v in enumerate(values)]
+
+
+def encode_optional_json_list(values: Sequence[Any], what: str) -> list[str | None]:
+    """Like encode_json_list, but None stays SQL NULL (e.g. a message without headers)."""
+    return [None if v is None else encode_json(v, f"{what}[{i}]") for i, v in enumerate(values)]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from pgqueue.calls import Call, scalar
+from pgqueue.errors import PgQueueError
 
 if TYPE_CHECKING:
     from pgqueue.client import Client
@@ -109,7 +110,14 @@ class Claim:
     def _renew_loop(self) -> None:
         interval = max(self.lease_seconds / 3, 0.2)
         while not self._stop.wait(interval):
-            if not self.client.run(renew(self.key, self.owner, self.lease_seconds)):
+            try:
+                renewed = self.client.run(renew(self.key, self.owner, self.lease_seconds))
+            except PgQueueError as exc:
+                # Past the retry policy the lease cannot be vouched for any more:
+                # say it is lost rather than let the holder work on unprotected.
+                log.error("claim.renew_failed", key=self.key, owner=self.owner, error=str(exc))
+                renewed = False
+            if not renewed:
                 log.warning("claim.lost", key=self.key, owner=self.owner)
                 self._lost.set()
                 return

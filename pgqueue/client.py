@@ -23,7 +23,7 @@ from pgqueue.claims import Claim, ClaimRecord
 from pgqueue.errors import ConnectionLost, InvalidArgument, translate
 from pgqueue.poison import PoisonMessage
 from pgqueue.queue import JSON, Message, QueueInfo, QueueMetrics
-from pgqueue.retry import RetryPolicy, is_dead_connection
+from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
 from pgqueue.settings import describe_dsn, require_dsn, unreachable
 
 T = TypeVar("T")
@@ -148,7 +148,8 @@ class Client:
             if conn is not None:
                 # The caller's transaction: retrying here could split it, so never.
                 return execute(conn, call)
-            for attempt in self.retry.retrying(call.name):
+            policy = self.retry if call.retryable else NO_RETRY
+            for attempt in policy.retrying(call.name):
                 with attempt:
                     try:
                         with self.pool.connection() as pooled:
@@ -276,7 +277,7 @@ class Client:
         return got or self.read(queue, vt=vt, qty=qty)
 
     def pop(self, queue: str, *, qty: int = 1, conn: Connection | None = None) -> list[Message]:
-        """Take and delete up to qty messages at once (at-most-once delivery)."""
+        """Take and delete up to qty messages at once (at-most-once delivery; never retried)."""
         return self.run(_queue.pop(queue, qty), conn)
 
     # -- acknowledging ------------------------------------------------------

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pgqueue.calls import Call, Row, column, encode_json, encode_json_list, nothing, scalar
+from pgqueue.calls import (
+    Call,
+    Row,
+    column,
+    encode_json,
+    encode_json_list,
+    encode_optional_json_list,
+    nothing,
+    scalar,
+)
 
 JSON = Any
 
@@ -27,22 +36,25 @@ class Message:
     message: JSON
     headers: dict[str, Any] | None
 
+    def _header(self, key: str) -> Any:
+        return self.headers.get(key) if isinstance(self.headers, dict) else None
+
     @property
     def barrier_id(self) -> str | None:
         """The barrier this message is a member (or the callback) of, if any."""
-        value = (self.headers or {}).get("barrier_id")
+        value = self._header("barrier_id")
         return value if isinstance(value, str) else None
 
     @property
     def member_index(self) -> int | None:
         """This member's position in its fan-out (0-based); None if not a member."""
-        value = (self.headers or {}).get("member_index")
-        return value if isinstance(value, int) and not self.is_callback else None
+        value = self._header("member_index")
+        return value if isinstance(value, int) else None
 
     @property
     def is_callback(self) -> bool:
         """True when pgqueue's barrier sent this message (it carries the transport marker)."""
-        return bool((self.headers or {}).get("_pg_transport"))
+        return self._header("_pg_transport") is True
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +165,7 @@ def send_batch(
         (
             queue,
             encode_json_list(messages, "messages"),
-            None if headers is None else encode_json_list(headers, "headers"),
+            None if headers is None else encode_optional_json_list(headers, "headers"),
             delay,
         ),
         column,
@@ -184,7 +196,13 @@ def read_with_poll(
 
 def pop(queue: str, qty: int = 1) -> Call[list[Message]]:
     """Take up to qty visible messages and delete them at once (at-most-once delivery)."""
-    return Call("pop", f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)", (queue, qty), _messages(queue))
+    return Call(
+        "pop",
+        f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)",
+        (queue, qty),
+        _messages(queue),
+        retryable=False,
+    )
 
 
 def delete(queue: str, msg_id: int) -> Call[bool]:

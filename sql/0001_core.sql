@@ -156,6 +156,33 @@ BEGIN
 END
 $$;
 
+-- The same, holding a KEY SHARE lock on the queue row until commit: writers
+-- that must not race drop_queue (which locks the row FOR UPDATE) use this, so
+-- either they commit first and the drop sees their rows, or the drop commits
+-- first and they find no queue.
+CREATE FUNCTION pgqueue._queue_locked(queue_name text) RETURNS pgqueue.queue
+LANGUAGE plpgsql AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue_locked.queue_name FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN pgqueue._queue(queue_name);  -- raises PGQ01
+    END IF;
+    RETURN q;
+END
+$$;
+
+CREATE FUNCTION pgqueue._require_headers(headers jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object, got a JSON %', jsonb_typeof(headers)
+            USING ERRCODE = '22023', HINT = 'Pass headers as {"key": value, ...}, or NULL.';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION pgqueue._require_nonnegative(arg_name text, value integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -292,9 +319,9 @@ BEGIN
     -- are then deleted below, not left behind without a queue), and a send that
     -- starts later fails instead of writing an orphan row.
     EXECUTE format('DROP SEQUENCE %s', q.msg_seq);
-    PERFORM set_config('pgqueue.removal', 'purged', true);
+    PERFORM set_config('pgqueue.removal_reason', 'purged', true);
     DELETE FROM pgqueue.message WHERE queue_id = q.queue_id;
-    PERFORM set_config('pgqueue.removal', '', true);
+    PERFORM set_config('pgqueue.removal_reason', '', true);
     DELETE FROM pgqueue.archive WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.send_receipt WHERE queue_id = q.queue_id;
@@ -317,10 +344,10 @@ DECLARE
     n bigint;
 BEGIN
     -- Tells triggers on pgqueue.message why these rows leave: discarded, not acked.
-    PERFORM set_config('pgqueue.removal', 'purged', true);
+    PERFORM set_config('pgqueue.removal_reason', 'purged', true);
     DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id;
     GET DIAGNOSTICS n = ROW_COUNT;
-    PERFORM set_config('pgqueue.removal', '', true);
+    PERFORM set_config('pgqueue.removal_reason', '', true);
     RETURN n;
 END
 $$;
@@ -348,6 +375,11 @@ BEGIN
             HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
     END IF;
     PERFORM pgqueue._require_nonnegative('delay', send.delay);
+    PERFORM pgqueue._require_headers(send.headers);
+    IF length(send.dedupe_key) > 1000 THEN
+        RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
+            USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
+    END IF;
     q := pgqueue._queue(send.queue_name);
 
     IF send.dedupe_key IS NULL THEN
@@ -423,13 +455,14 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
     END IF;
     PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
+    PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
     q := pgqueue._queue(send_batch.queue_name);
 
     RETURN QUERY
     INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
     SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send_batch.delay),
-           b.message, send_batch.headers[b.ord]
-      FROM unnest(send_batch.messages) WITH ORDINALITY AS b (message, ord)
+           b.message, b.headers
+      FROM unnest(send_batch.messages, send_batch.headers) WITH ORDINALITY AS b (message, headers, ord)
      ORDER BY b.ord
     RETURNING msg_id;
 
@@ -550,7 +583,10 @@ BEGIN
     v_deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
     LOOP
         RETURN QUERY SELECT * FROM pgqueue._claim(q, vt, qty, false);
-        EXIT WHEN FOUND OR clock_timestamp() >= v_deadline;
+        -- A round that wrote (it poison-dropped something) returns at once
+        -- rather than sleep on the locks and the uncommitted move it holds.
+        EXIT WHEN FOUND OR clock_timestamp() >= v_deadline
+                  OR pg_current_xact_id_if_assigned() IS NOT NULL;
         PERFORM pg_sleep(greatest(poll_interval_ms, 1) / 1000.0);
     END LOOP;
 END
@@ -681,30 +717,42 @@ CREATE FUNCTION pgqueue.poison_requeue(queue_name text, msg_ids bigint[]) RETURN
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    q pgqueue.queue := pgqueue._queue(poison_requeue.queue_name);
+    q pgqueue.queue := pgqueue._queue_locked(poison_requeue.queue_name);
     v_now timestamptz := clock_timestamp();
+    v_rows pgqueue.poison[];
+    v_keyed bigint[];
 BEGIN
-    -- One statement moves the rows back, so a failure leaves them all in the
-    -- poison table. A requeued message keeps its single-flight key unless a
-    -- live message holds that key by now; then it goes back without one.
-    RETURN QUERY
+    -- Rows go back with their single-flight key where it is free; where a live
+    -- message (or an earlier row of this batch) holds the key, they go back
+    -- without one. Nothing is lost: every row taken from the poison table is
+    -- inserted by one of the two statements below, in this transaction.
     WITH back AS (
         DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id AND msg_id = ANY (poison_requeue.msg_ids)
         RETURNING *
-    ), ins AS (
+    )
+    SELECT array_agg(b ORDER BY b.msg_id) INTO v_rows FROM back b;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+
+    WITH ins AS (
         INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, dedupe_key)
-        SELECT b.queue_id, b.msg_id, 0, b.enqueued_at, v_now, b.message, b.headers,
-               CASE WHEN EXISTS (SELECT 1 FROM pgqueue.message m
-                                  WHERE m.queue_id = q.queue_id AND m.dedupe_key = b.dedupe_key)
-                    THEN NULL ELSE b.dedupe_key END
-          FROM back b
-         ORDER BY b.msg_id
+        SELECT r.queue_id, r.msg_id, 0, r.enqueued_at, v_now, r.message, r.headers, r.dedupe_key
+          FROM unnest(v_rows) r
+         WHERE r.dedupe_key IS NOT NULL
+         ORDER BY r.msg_id
+        ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING msg_id
     )
-    SELECT i.msg_id FROM ins i;
-    IF FOUND THEN
-        PERFORM pgqueue._notify(q);
-    END IF;
+    SELECT coalesce(array_agg(i.msg_id), '{}') INTO v_keyed FROM ins i;
+
+    INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
+    SELECT r.queue_id, r.msg_id, 0, r.enqueued_at, v_now, r.message, r.headers
+      FROM unnest(v_rows) r
+     WHERE r.msg_id <> ALL (v_keyed);
+
+    PERFORM pgqueue._notify(q);
+    RETURN QUERY SELECT r.msg_id FROM unnest(v_rows) r ORDER BY r.msg_id;
 END
 $$;
 

@@ -139,8 +139,10 @@ END
 $$;
 
 -- Count completions of members (the single place that does), then fire the
--- barriers whose last member this was. Members already counted are skipped.
-CREATE FUNCTION pgqueue._complete(p_queue_id integer, p_msg_ids bigint[], p_outcomes text[], p_results jsonb[])
+-- barriers whose last member this was. Members already counted are skipped;
+-- barrier rows are locked in barrier_id order, the order every path uses.
+CREATE FUNCTION pgqueue._complete(p_queue_ids integer[], p_msg_ids bigint[], p_outcomes text[],
+                                  p_results jsonb[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -152,11 +154,11 @@ BEGIN
     WITH counted AS (
         UPDATE pgqueue.barrier_member bm
            SET outcome = i.outcome, result = i.result, completed_at = clock_timestamp()
-          FROM (SELECT DISTINCT ON (u.msg_id) u.msg_id, u.outcome, u.result
-                  FROM unnest(p_msg_ids, p_outcomes, p_results) WITH ORDINALITY
-                       AS u (msg_id, outcome, result, ord)
-                 ORDER BY u.msg_id, u.ord) AS i  -- a member listed twice: its first entry counts
-         WHERE bm.queue_id = p_queue_id AND bm.msg_id = i.msg_id AND bm.outcome IS NULL
+          FROM (SELECT DISTINCT ON (u.queue_id, u.msg_id) u.queue_id, u.msg_id, u.outcome, u.result
+                  FROM unnest(p_queue_ids, p_msg_ids, p_outcomes, p_results) WITH ORDINALITY
+                       AS u (queue_id, msg_id, outcome, result, ord)
+                 ORDER BY u.queue_id, u.msg_id, u.ord) AS i  -- listed twice: the first entry counts
+         WHERE bm.queue_id = i.queue_id AND bm.msg_id = i.msg_id AND bm.outcome IS NULL
         RETURNING bm.barrier_id, bm.outcome
     )
     SELECT array_agg(g.barrier_id ORDER BY g.barrier_id),
@@ -182,31 +184,41 @@ END
 $$;
 
 -- Any member message leaving the live table without an explicit completion is
--- counted here, with the outcome its way out implies.
-CREATE FUNCTION pgqueue._member_message_gone() RETURNS trigger
+-- counted here, with the outcome its way out implies. One call per statement,
+-- so a multi-row delete counts all its members in one sorted pass (a per-row
+-- trigger locked barriers in row order and deadlocked with batch completions).
+CREATE FUNCTION pgqueue._members_gone() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_reason text;
+    v_why text := current_setting('pgqueue.removal_reason', true);
+    v_queue_ids integer[];
+    v_msg_ids bigint[];
+    v_outcomes text[];
+    v_results jsonb[];
 BEGIN
-    SELECT p.reason INTO v_reason FROM pgqueue.poison p
-     WHERE p.queue_id = OLD.queue_id AND p.msg_id = OLD.msg_id;
-    IF FOUND THEN
-        PERFORM pgqueue._complete(OLD.queue_id, ARRAY[OLD.msg_id], ARRAY['poisoned'],
-                                  ARRAY[jsonb_build_object('reason', v_reason)]);
-    ELSIF current_setting('pgqueue.removal', true) = 'purged' THEN
-        PERFORM pgqueue._complete(OLD.queue_id, ARRAY[OLD.msg_id], ARRAY['purged'], ARRAY[NULL::jsonb]);
-    ELSE
-        -- acked by delete, archive or pop: the consumer says it is done
-        PERFORM pgqueue._complete(OLD.queue_id, ARRAY[OLD.msg_id], ARRAY['succeeded'], ARRAY[NULL::jsonb]);
+    IF v_why = 'completed' THEN
+        RETURN NULL;  -- complete_members counted these itself
+    END IF;
+    SELECT array_agg(g.queue_id), array_agg(g.msg_id),
+           array_agg(CASE WHEN p.msg_id IS NOT NULL THEN 'poisoned'
+                          WHEN v_why = 'purged' THEN 'purged'
+                          ELSE 'succeeded' END),  -- acked by delete, archive or pop
+           array_agg(CASE WHEN p.msg_id IS NOT NULL THEN jsonb_build_object('reason', p.reason) END)
+      INTO v_queue_ids, v_msg_ids, v_outcomes, v_results
+      FROM gone g
+      LEFT JOIN pgqueue.poison p ON p.queue_id = g.queue_id AND p.msg_id = g.msg_id
+     WHERE g.member_of IS NOT NULL;
+    IF v_msg_ids IS NOT NULL THEN
+        PERFORM pgqueue._complete(v_queue_ids, v_msg_ids, v_outcomes, v_results);
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE TRIGGER message_member_gone
+CREATE TRIGGER message_members_gone
     AFTER DELETE ON pgqueue.message
-    FOR EACH ROW WHEN (OLD.member_of IS NOT NULL)
-    EXECUTE FUNCTION pgqueue._member_message_gone();
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue._members_gone();
 
 -- A callback must have somewhere to go: a queue that open barriers call back
 -- into cannot be dropped (checked before drop_queue touches anything).
@@ -260,8 +272,11 @@ BEGIN
     IF fan_out.deadline_seconds IS NOT NULL THEN
         PERFORM pgqueue._require_nonnegative('deadline_seconds', fan_out.deadline_seconds);
     END IF;
-    q := pgqueue._queue(fan_out.queue_name);
-    cq := pgqueue._queue(fan_out.callback_queue);
+    PERFORM pgqueue._require_headers(fan_out.headers);
+    -- Locked so a concurrent drop_queue either sees this barrier or makes us
+    -- fail: a barrier never points at a callback queue that is gone.
+    q := pgqueue._queue_locked(fan_out.queue_name);
+    cq := pgqueue._queue_locked(fan_out.callback_queue);
 
     INSERT INTO pgqueue.barrier (barrier_id, queue_id, callback_queue_id, callback_message, headers,
                                  total, remaining, deadline)
@@ -311,13 +326,14 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(complete_members.queue_name);
-    v_outcomes text[] := coalesce(complete_members.outcomes,
-                                  array_fill('succeeded'::text, ARRAY[cardinality(complete_members.msg_ids)]));
+    v_outcomes text[];
     v_bad text;
 BEGIN
     IF complete_members.msg_ids IS NULL THEN
         RAISE EXCEPTION 'msg_ids must not be NULL' USING ERRCODE = '22004';
     END IF;
+    v_outcomes := coalesce(complete_members.outcomes,
+                           array_fill('succeeded'::text, ARRAY[cardinality(complete_members.msg_ids)]));
     IF cardinality(v_outcomes) <> cardinality(complete_members.msg_ids)
        OR cardinality(complete_members.results) <> cardinality(complete_members.msg_ids) THEN
         RAISE EXCEPTION 'msg_ids, outcomes and results must have the same length' USING ERRCODE = '22023';
@@ -336,10 +352,13 @@ BEGIN
       ORDER BY msg_id FOR UPDATE;
     -- Record the outcomes, then ack: the ack's trigger then finds the members
     -- already counted and leaves them alone.
-    PERFORM pgqueue._complete(q.queue_id, complete_members.msg_ids, v_outcomes,
+    PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[cardinality(complete_members.msg_ids)]),
+                              complete_members.msg_ids, v_outcomes,
                               coalesce(complete_members.results,
                                        array_fill(NULL::jsonb, ARRAY[cardinality(complete_members.msg_ids)])));
+    PERFORM set_config('pgqueue.removal_reason', 'completed', true);
     DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = ANY (complete_members.msg_ids);
+    PERFORM set_config('pgqueue.removal_reason', '', true);
 
     RETURN QUERY
     SELECT s.* FROM (SELECT DISTINCT bm.barrier_id FROM pgqueue.barrier_member bm
@@ -370,18 +389,27 @@ DECLARE
     v_remaining integer;
     v_expired integer := 0;
 BEGIN
-    -- Safe from every consumer at once: members are locked before the barrier
-    -- row (the order completions use), a member already counted is not timed
-    -- out, and only the statement that takes remaining to 0 fires.
+    -- Safe from every consumer at once, and with completions in flight:
+    --   * barriers are taken in barrier_id order, the order completions lock
+    --     them in, so a sweep and a batch completion never wait on each other
+    --     in a cycle;
+    --   * members being completed right now are skipped (SKIP LOCKED): their
+    --     completion counts them, and the barrier then fires as `fired`, or
+    --     stays open for the next sweep if that completion rolls back;
+    --   * only the statement that takes remaining to 0 fires.
     FOR v_id IN
         SELECT b.barrier_id FROM pgqueue.barrier b
          WHERE b.state = 'open' AND b.deadline <= clock_timestamp()
-         ORDER BY b.deadline LIMIT 1000
+         ORDER BY b.barrier_id LIMIT 1000
     LOOP
         WITH timed_out AS (
-            UPDATE pgqueue.barrier_member
+            UPDATE pgqueue.barrier_member m
                SET outcome = 'timed_out', completed_at = clock_timestamp()
-             WHERE barrier_id = v_id AND outcome IS NULL
+             WHERE (m.barrier_id, m.member_index) IN (
+                   SELECT x.barrier_id, x.member_index FROM pgqueue.barrier_member x
+                    WHERE x.barrier_id = v_id AND x.outcome IS NULL
+                      FOR UPDATE SKIP LOCKED)
+               AND m.outcome IS NULL
             RETURNING 1
         )
         SELECT count(*) INTO v_n FROM timed_out;
@@ -468,6 +496,10 @@ BEGIN
     IF key IS NULL OR key = '' OR owner IS NULL OR owner = '' THEN
         RAISE EXCEPTION 'key and owner must be non-empty' USING ERRCODE = '22023';
     END IF;
+    IF length(key) > 1000 OR length(owner) > 200 THEN
+        RAISE EXCEPTION 'key (at most 1000 characters) or owner (at most 200) is too long'
+            USING ERRCODE = '22023';
+    END IF;
     IF lease_seconds IS NOT NULL AND lease_seconds < 1 THEN
         RAISE EXCEPTION 'lease_seconds must be >= 1, got %', lease_seconds USING ERRCODE = '22023';
     END IF;
@@ -520,7 +552,12 @@ BEGIN
     UPDATE pgqueue.claim
        SET state = 'finished', finished_at = clock_timestamp(), lease_until = NULL
      WHERE key = finish_claim.key AND owner = finish_claim.owner AND state = 'held';
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- Already finished by us: a retry after a lost reply still says so.
+    RETURN EXISTS (SELECT 1 FROM pgqueue.claim
+                    WHERE key = finish_claim.key AND owner = finish_claim.owner AND state = 'finished');
 END
 $$;
 

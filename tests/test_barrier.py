@@ -285,3 +285,13 @@ def test_list_barriers_by_state(client: Client, queues: Any) -> None:
     assert [b.barrier_id for b in client.list_barriers(state="fired")] == [fired]
     with pytest.raises(InvalidArgument, match="state must be open, fired or expired"):
         client.list_barriers(state="done")
+
+
+def test_bad_barrier_arguments_are_rejected_whole(client: Client, queues: Any, sql: Any) -> None:
+    with pytest.raises(psycopg.Error, match="headers must be a JSON object"):
+        sql.execute(
+            "SELECT pgqueue.fan_out('work', ARRAY['1']::jsonb[], 'callbacks', '{}', NULL, '[1]')"
+        )
+    with pytest.raises(psycopg.Error, match="msg_ids must not be NULL"):
+        sql.execute("SELECT * FROM pgqueue.complete_members('work', NULL)")
+    assert client.list_barriers() == []

@@ -254,3 +254,106 @@ def test_seed_scenario_root_orchestrator_runs_once_per_step(client: Client, dsn:
     for round_ in range(5):
         _one_root_step(client, dsn, f"A{round_}")
         assert client.metrics("orchestrate").queue_length == round_ + 1
+
+
+def test_drop_queue_racing_fan_out_never_strands_a_barrier(client: Client, dsn: str) -> None:
+    client.create_queue("work")
+    client.create_queue("cb")
+    dropper = psycopg.connect(dsn)
+    dropper.execute("SELECT pgqueue.drop_queue('cb')")  # uncommitted: holds the queue row
+    errors: list[BaseException] = []
+
+    def fan() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            try:
+                execute(conn, b.fan_out("work", [1], "cb", {}, "raced"))
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=fan)
+    t.start()
+    time.sleep(0.3)
+    dropper.commit()
+    dropper.close()
+    t.join()
+    # the fan_out waited for the drop and then found no callback queue
+    assert [e.sqlstate for e in errors] == ["PGQ01"]  # type: ignore[attr-defined]
+    assert client.list_barriers() == []
+    assert client.metrics("work").queue_length == 0
+
+
+def test_multi_row_acks_and_batch_completions_do_not_deadlock(client: Client, dsn: str) -> None:
+    # Members of several barriers acked in arrays, in every order, concurrently
+    # with batch completions and poison: barrier rows are always locked in one
+    # order, so no transaction may die of a deadlock (no retry here to hide it).
+    client.create_queue("work")
+    client.create_queue("cb")
+    bids = [
+        client.fan_out("work", list(range(40)), callback_queue="cb", callback_message={})
+        for _ in range(4)
+    ]
+    ids = [m.msg_id for m in client.read("work", vt=300, qty=1000)]
+    rnd = random.Random(7)
+    batches = [rnd.sample(ids, 8) for _ in range(80)]
+
+    def worker(i: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for n, batch in enumerate(batches[i::8]):
+                kind = (i + n) % 4
+                if kind == 0:
+                    execute(conn, q.delete_many("work", batch))
+                elif kind == 1:
+                    execute(conn, q.archive_many("work", list(reversed(batch))))
+                elif kind == 2:
+                    execute(conn, b.complete_members("work", batch, ["failed"] * len(batch)))
+                else:
+                    for msg_id in batch[:2]:
+                        execute(
+                            conn,
+                            q.Call(
+                                "p",
+                                "SELECT pgqueue.poison('work', %s, 'x')",
+                                (msg_id,),
+                                lambda r: None,
+                            ),
+                        )
+
+    run_threads(8, worker)
+    client.delete_many("work", ids)
+    with psycopg.connect(dsn) as conn:
+        for bid in bids:
+            s = client.barrier_status(bid)
+            assert (s.state, s.remaining, s.succeeded + s.failed) == ("fired", 0, 40)
+            assert callback_rows(conn, bid) == 1
+
+
+def test_sweeps_and_batch_completions_do_not_deadlock(client: Client, dsn: str, sql: Any) -> None:
+    client.create_queue("work")
+    client.create_queue("cb")
+    bids = [
+        client.fan_out(
+            "work", list(range(10)), callback_queue="cb", callback_message={}, deadline_seconds=3600
+        )
+        for _ in range(12)
+    ]
+    ids = [m.msg_id for m in client.read("work", vt=300, qty=1000)]
+    sql.execute("UPDATE pgqueue.barrier SET deadline = clock_timestamp()")
+    rnd = random.Random(3)
+    batches = [rnd.sample(ids, 12) for _ in range(30)]
+
+    def worker(i: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if i < 3:
+                for _ in range(4):
+                    execute(conn, b.expire_barriers())
+            else:
+                for batch in batches[i::5]:
+                    execute(conn, b.complete_members("work", batch))
+
+    run_threads(8, worker)
+    client.expire_barriers()
+    with psycopg.connect(dsn) as conn:
+        for bid in bids:
+            s = client.barrier_status(bid)
+            assert s.state in ("fired", "expired") and s.remaining == 0
+            assert callback_rows(conn, bid) == 1

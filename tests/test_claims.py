@@ -98,3 +98,10 @@ def test_context_manager_notices_a_lost_lease(client: Client, sql: Any) -> None:
         assert held.lost
         done.set()
     assert client.list_claims()[0].owner == "thief"
+
+
+def test_finish_retried_after_a_lost_reply_still_reports_success(client: Client) -> None:
+    assert client.run(c.claim("k", "w1", 30))
+    assert client.run(c.finish("k", "w1")) is True
+    assert client.run(c.finish("k", "w1")) is True
+    assert client.run(c.finish("k", "w2")) is False

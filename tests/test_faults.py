@@ -222,3 +222,15 @@ def test_producer_survives_a_server_restart_without_losing_a_send(private_server
         # every acknowledged send is there; a send retried across the restart
         # may exist twice (at-least-once without a dedupe_key), never less
         assert m.queue_length >= len(set(sent)) == before
+
+
+def test_pop_is_not_retried_after_a_lost_reply(proxy: FaultProxy) -> None:
+    # pop is at-most-once: a blind retry would take a second batch while the
+    # first is gone unseen, so the error surfaces instead.
+    with Client.from_dsn(proxy.dsn, retry=FAST_RETRY, prepare_threshold=None) as client:
+        client.create_queue("q")
+        client.send_batch("q", [1, 2, 3])
+        proxy.cut_after_request_containing(b"pgqueue.pop(")
+        with pytest.raises(ConnectionLost):
+            client.pop("q", qty=1)
+        assert client.metrics("q").queue_length == 2

@@ -125,3 +125,34 @@ def test_poison_list_all_queues_newest_first_and_limited(client: Client) -> None
     assert len(client.poison_list(qty=1)) == 1
     with pytest.raises(QueueNotFound):
         client.poison_requeue("zzz", [1])
+
+
+def test_requeue_of_rows_sharing_a_dedupe_key_loses_none(client: Client, queue: str) -> None:
+    a = client.send(queue, "a", dedupe_key="k")
+    client.poison(queue, a, "x")
+    b = client.send(queue, "b", dedupe_key="k")
+    client.poison(queue, b, "y")
+    assert client.poison_requeue(queue, [a, b]) == [a, b]
+    assert client.metrics(queue).queue_length == 2
+    # exactly one of them holds the key again
+    assert client.send(queue, "c", dedupe_key="k") in (a, b)
+
+
+def test_requeue_racing_drop_queue_leaves_no_orphan(client: Client, queue: str, dsn: str) -> None:
+    import threading
+
+    import psycopg
+
+    msg_id = client.send(queue, "x")
+    client.poison(queue, msg_id, "bad")
+    requeuer = psycopg.connect(dsn)
+    requeuer.execute("SELECT pgqueue.poison_requeue(%s, ARRAY[%s]::bigint[])", (queue, msg_id))
+    t = threading.Thread(target=lambda: client.drop_queue(queue))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive(), "drop_queue must wait for the requeue holding the queue"
+    requeuer.commit()
+    requeuer.close()
+    t.join()
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgqueue.message").fetchone() == (0,)

@@ -362,3 +362,39 @@ def test_async_client_sends_and_reads(dsn: str, queue: str) -> None:
             return [m.message for m in await ac.read(queue, vt=30, qty=10)]
 
     assert asyncio.run(main()) == [{"a": 1}, 2, 3]
+
+
+def test_read_with_poll_returns_at_once_after_a_poison_drop(client: Client, queue: str) -> None:
+    client.send(queue, "bad")
+    for _ in range(3):
+        client.read(queue, vt=0, qty=1)
+    start = time.monotonic()
+    assert client.read_with_poll(queue, vt=30, qty=1, max_poll_seconds=5) == []
+    assert time.monotonic() - start < 2, "it slept holding the poison move uncommitted"
+    assert client.metrics(queue).poison_length == 1
+
+
+def test_headers_must_be_a_json_object(sql: Any, queue: str) -> None:
+    for call in (
+        "SELECT pgqueue.send('jobs', '1', '[1]')",
+        "SELECT pgqueue.send_batch('jobs', ARRAY['1']::jsonb[], ARRAY['\"x\"']::jsonb[])",
+    ):
+        with pytest.raises(psycopg.Error, match="headers must be a JSON object"):
+            sql.execute(call)
+    assert sql.execute("SELECT queue_length FROM pgqueue.metrics('jobs')").fetchone() == (0,)
+
+
+def test_send_batch_pairs_headers_with_messages_whatever_the_array_bounds(
+    sql: Any, client: Client, queue: str
+) -> None:
+    sql.execute(
+        "SELECT pgqueue.send_batch('jobs', '[0:1]={1,2}'::jsonb[],"
+        ' \'[0:1]={"{\\"a\\": 0}","{\\"a\\": 1}"}\'::jsonb[])'
+    )
+    got = [(m.message, m.headers) for m in client.read(queue, vt=30, qty=5)]
+    assert got == [(1, {"a": 0}), (2, {"a": 1})]
+
+
+def test_overlong_dedupe_key_is_rejected(client: Client, queue: str) -> None:
+    with pytest.raises(InvalidArgument, match="dedupe_key is 1001 characters"):
+        client.send(queue, 1, dedupe_key="k" * 1001)
