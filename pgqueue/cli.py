@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -37,7 +38,8 @@ def _dsn_option(func: F) -> F:
 @click.version_option(package_name="pgqueue")
 def main() -> None:
     """pgqueue: a Postgres message queue with exactly-once fan-in barriers."""
-    configure_logging()
+    log_format = os.environ.get("PGQUEUE_LOG_FORMAT", "")
+    configure_logging(json={"json": True, "console": False}.get(log_format))
 
 
 @main.command()
@@ -52,6 +54,43 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
             click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
         else:
             click.echo("schema is up to date; nothing to apply")
+
+
+@main.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@_dsn_option
+@click.option("--queue", "queues", multiple=True, help="Queue to consume (repeat); default: all.")
+@click.option("--concurrency", type=int, default=None, help="Handlers running at once [4].")
+@click.option("--batch", type=int, default=None, help="Messages per read [= concurrency].")
+@click.option("--vt", type=int, default=None, help="Visibility timeout in seconds [30].")
+@click.option("--ack", type=click.Choice(["delete", "archive"]), default=None, help="[delete]")
+@click.option("--hard-timeout", type=float, default=None, help="Give a hung message back [off].")
+@click.option("--shutdown-grace", type=float, default=None, help="Seconds to finish work [30].")
+@click.option("--poll-interval", type=float, default=None, help="Idle wait in seconds [1].")
+@click.option("--listen/--no-listen", default=None, help="LISTEN/NOTIFY wake-ups [on].")
+@click.option("--listen-dsn", default=None, help="Direct DSN for LISTEN (behind PgBouncer).")
+@click.option("--health-file", default=None, help="File touched every loop, for probes.")
+def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: Any) -> None:
+    """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.
+
+    Every option can also come from the environment as PGQUEUE_<OPTION>
+    (e.g. PGQUEUE_CONCURRENCY=8, PGQUEUE_QUEUES=a,b); flags win.
+    """
+    from pgqueue.consumer import Worker, WorkerSettings, load_app
+
+    with _expected_errors():
+        app = load_app(app_path)
+        settings = WorkerSettings.from_env(queues=queues or None, **options)
+        client = Client.from_dsn(dsn, max_size=settings.concurrency + 3)
+        try:
+            code = Worker(app, client, settings).run()
+        finally:
+            client.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Handler threads that outlived the grace period were given back already;
+    # do not wait for them at interpreter exit.
+    os._exit(code)
 
 
 @main.command()

@@ -1,0 +1,517 @@
+"""The long-running consumer: read batches, run handlers, ack, keep leases alive, stop cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+
+from pgqueue import queue as _queue
+from pgqueue.barrier import complete_members
+from pgqueue.calls import encode_json
+from pgqueue.client import Client, Connection, execute
+from pgqueue.errors import InvalidArgument, InvalidMessage, PgQueueError
+from pgqueue.queue import Message
+
+log = structlog.get_logger("pgqueue")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Poison(Exception):
+    """Raised by a handler: never retry this message; poison it with this reason."""
+
+
+class Retry(Exception):
+    """Raised by a handler: try this message again after `delay` seconds (default: backoff)."""
+
+    def __init__(self, reason: str = "", *, delay: int | None = None) -> None:
+        """Ask for a retry, optionally after a fixed delay in seconds."""
+        super().__init__(reason)
+        self.delay = delay
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered handler and how to call it."""
+
+    queue: str
+    func: Callable[..., Any]
+    transactional: bool
+    is_async: bool
+
+
+class App:
+    """A registry of handlers by queue: `@app.handler("queue")`."""
+
+    def __init__(self) -> None:
+        """An app with no handlers yet."""
+        self.handlers: dict[str, Handler] = {}
+
+    def handler(self, queue: str, *, transactional: bool = False) -> Callable[[F], F]:
+        """Register a function (sync or async) as the handler of a queue.
+
+        A handler gets the Message; its return value is the member result when
+        the message is a barrier member. With transactional=True (sync only)
+        it gets `(message, conn)` and its writes on `conn` commit in the same
+        transaction as the ack: exactly-once effects for database work.
+        """
+
+        def register(func: F) -> F:
+            if queue in self.handlers:
+                raise InvalidArgument(f"queue {queue!r} already has a handler")
+            is_async = inspect.iscoroutinefunction(func)
+            if transactional and is_async:
+                raise InvalidArgument("transactional handlers must be sync functions")
+            self.handlers[queue] = Handler(queue, func, transactional, is_async)
+            return func
+
+        return register
+
+
+def load_app(path: str) -> App:
+    """The App named by "module:attribute", with a clear error when it is not one."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise InvalidArgument(f"expected MODULE:APP (e.g. myproj.tasks:app), got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgument(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise InvalidArgument(f"{path!r} is not a pgqueue.App (got {type(app).__name__})")
+    return app
+
+
+def _env_bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise InvalidArgument(f"expected on/off, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How a worker runs; every field can come from a PGQUEUE_<FIELD> environment variable."""
+
+    queues: tuple[str, ...] = ()
+    concurrency: int = 4
+    batch: int = 0
+    vt: int = 30
+    heartbeat_fraction: float = 0.5
+    hard_timeout: float = 0.0
+    ack: str = "delete"
+    poll_interval: float = 1.0
+    listen: bool = True
+    listen_dsn: str = ""
+    shutdown_grace: float = 30.0
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    health_file: str = ""
+    sweep_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.concurrency < 1:
+            problems.append("concurrency must be >= 1")
+        if self.batch < 0:
+            problems.append("batch must be >= 0 (0: same as concurrency)")
+        if self.vt < 1:
+            problems.append("vt must be >= 1 second")
+        if not 0 < self.heartbeat_fraction < 1:
+            problems.append("heartbeat_fraction must be between 0 and 1")
+        if self.ack not in ("delete", "archive"):
+            problems.append("ack must be 'delete' or 'archive'")
+        for name in ("hard_timeout", "poll_interval", "shutdown_grace", "sweep_interval"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
+        if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
+            problems.append("need 0 < backoff_base <= backoff_max")
+        if problems:
+            raise InvalidArgument("invalid worker settings: " + "; ".join(problems))
+
+    @property
+    def batch_size(self) -> int:
+        """Messages read per call."""
+        return self.batch or self.concurrency
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:
+        """Settings from PGQUEUE_* variables, then the explicit overrides (None means unset)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"PGQUEUE_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            try:
+                if f.name == "queues":
+                    values[f.name] = tuple(q.strip() for q in raw.split(",") if q.strip())
+                elif f.type == "bool":
+                    values[f.name] = _env_bool(raw)
+                elif f.type == "int":
+                    values[f.name] = int(raw)
+                elif f.type == "float":
+                    values[f.name] = float(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError as exc:
+                raise InvalidArgument(f"PGQUEUE_{f.name.upper()}={raw!r}: {exc}") from exc
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass(eq=False)
+class _Task:
+    msg: Message
+    handler: Handler
+    started: float
+    lease_until: float
+    future: Future[None] | None = None
+    # Set when the runtime gave the message back (hard timeout, shutdown): the
+    # handler's late outcome must then not be acked or nacked.
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+class _Listener:
+    """LISTEN/NOTIFY wake-ups on a connection of its own; polling when it cannot."""
+
+    def __init__(self, dsn: str, queues: tuple[str, ...]) -> None:
+        self.dsn = dsn
+        self.queues = queues
+        self.conn: Connection | None = None
+        self.registered = False
+
+    def idle(self, timeout: float) -> None:
+        """Declare ourselves waiting (first call) or wait for a send (later calls)."""
+        try:
+            if self.conn is None:
+                self.conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+            if not self.registered:
+                for q in self.queues:
+                    execute(self.conn, _queue.listen(q))
+                self.registered = True
+                return  # the caller reads once more: a send before listen() went unannounced
+            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+                pass
+        except psycopg.OperationalError as exc:
+            log.warning("listen.failed", error=str(exc).strip(), fallback="polling")
+            self.close()
+            time.sleep(timeout)
+
+    def busy(self) -> None:
+        """Stop waiting: sends to busy queues should not pay for a NOTIFY."""
+        if self.registered and self.conn is not None:
+            try:
+                for q in self.queues:
+                    execute(self.conn, _queue.unlisten(q))
+            except psycopg.OperationalError:
+                self.close()
+        self.registered = False
+
+    def close(self) -> None:
+        """Drop the connection (its waiter rows go with the session)."""
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self.registered = False
+
+
+class Worker:
+    """Runs an App's handlers against the queues until stopped; see WorkerSettings."""
+
+    def __init__(self, app: App, client: Client, settings: WorkerSettings | None = None) -> None:
+        """A worker over `client`'s pool (which needs concurrency + 2 connections)."""
+        self.app = app
+        self.client = client
+        settings = settings or WorkerSettings()
+        queues = settings.queues or tuple(app.handlers)
+        missing = [q for q in queues if q not in app.handlers]
+        if not queues or missing:
+            raise InvalidArgument(
+                f"no handler for queue(s) {missing}" if missing else "the app has no handlers"
+            )
+        self.settings = replace(settings, queues=queues)
+        self.log = log.bind(worker=f"{os.getpid()}")
+        self._stopping = threading.Event()
+        self._forced = threading.Event()
+        self._tasks: dict[tuple[str, int], _Task] = {}
+        self._tasks_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.settings.concurrency, thread_name_prefix="pgqueue-handler"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_sweep = 0.0
+        self._turn = 0
+        self.handled = 0
+
+    # -- control ------------------------------------------------------------
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop reading and finish in-flight work (force: give it back at once)."""
+        if force:
+            self._forced.set()
+        self._stopping.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = not self._stopping.is_set()
+        self.log.warning("worker.signal", signal=signal.Signals(signum).name, graceful=first)
+        self.stop(force=not first)
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stop() or SIGTERM/SIGINT (a second one stops at once); the exit code."""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        s = self.settings
+        self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
+        listener = _Listener(s.listen_dsn or self._dsn(), s.queues) if s.listen else None
+        try:
+            while not self._stopping.is_set():
+                self._tick()
+                got = self._fill()
+                if got:
+                    if listener:
+                        listener.busy()
+                    continue
+                if self._in_flight():
+                    self._wait_for_a_slot(0.2)
+                elif listener:
+                    listener.idle(s.poll_interval)
+                else:
+                    self._stopping.wait(s.poll_interval)
+        finally:
+            if listener:
+                listener.close()
+            code = self._shutdown()
+        return code
+
+    def _dsn(self) -> str:
+        return str(self.client.pool.conninfo)
+
+    # -- the loop -----------------------------------------------------------
+
+    def _tick(self) -> None:
+        s = self.settings
+        if s.health_file:
+            Path(s.health_file).touch()
+        self._heartbeat()
+        if s.hard_timeout:
+            self._release_hung()
+        now = time.monotonic()
+        if s.sweep_interval and now - self._last_sweep >= s.sweep_interval:
+            self._last_sweep = now
+            self._quietly("barrier.sweep_failed", self.client.expire_barriers)
+
+    def _in_flight(self) -> int:
+        with self._tasks_lock:
+            return len(self._tasks)
+
+    def _fill(self) -> int:
+        """Read up to the free capacity, round-robin over the queues; how many started."""
+        s = self.settings
+        started = 0
+        for i in range(len(s.queues)):
+            free = s.concurrency - self._in_flight()
+            if free <= 0 or self._stopping.is_set():
+                break
+            queue = s.queues[(self._turn + i) % len(s.queues)]
+            try:
+                msgs = self.client.read(queue, vt=s.vt, qty=min(s.batch_size, free))
+            except PgQueueError as exc:
+                self.log.error("worker.read_failed", queue=queue, error=str(exc))
+                self._stopping.wait(s.poll_interval)
+                continue
+            read_at = time.monotonic()
+            for msg in msgs:
+                self._start(_Task(msg, self.app.handlers[queue], read_at, read_at + s.vt))
+            started += len(msgs)
+        self._turn += 1
+        return started
+
+    def _start(self, task: _Task) -> None:
+        with self._tasks_lock:
+            self._tasks[(task.msg.queue, task.msg.msg_id)] = task
+        task.future = self._executor.submit(self._process, task)
+
+    def _wait_for_a_slot(self, timeout: float) -> None:
+        with self._tasks_lock:
+            futures = [t.future for t in self._tasks.values() if t.future is not None]
+        if futures:
+            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def _heartbeat(self) -> None:
+        """Extend the lease of every message whose handler has used up part of its vt."""
+        s = self.settings
+        now = time.monotonic()
+        margin = s.vt * (1 - s.heartbeat_fraction)
+        with self._tasks_lock:
+            due = [t for t in self._tasks.values() if t.lease_until - now <= margin]
+        for task in due:
+            msg = task.msg
+            try:
+                extended = self.client.set_vt(msg.queue, msg.msg_id, s.vt)
+            except PgQueueError as exc:
+                self._msg_log(msg).error("message.heartbeat_failed", error=str(exc))
+                continue
+            task.lease_until = time.monotonic() + s.vt
+            if extended is None:
+                self._msg_log(msg).warning("message.lease_lost")
+            else:
+                self._msg_log(msg).debug("message.heartbeat", vt=s.vt)
+
+    def _release_hung(self) -> None:
+        now = time.monotonic()
+        with self._tasks_lock:
+            hung = [t for t in self._tasks.values() if now - t.started > self.settings.hard_timeout]
+        for task in hung:
+            self._msg_log(task.msg).error(
+                "handler.hung",
+                running_for=round(now - task.started, 1),
+                hard_timeout=self.settings.hard_timeout,
+            )
+            self._give_back(task)
+
+    def _give_back(self, task: _Task) -> None:
+        """Make the message visible to other consumers now; ignore the handler's late outcome."""
+        task.abandoned.set()
+        with self._tasks_lock:
+            self._tasks.pop((task.msg.queue, task.msg.msg_id), None)
+        self._quietly(
+            "message.release_failed", self.client.set_vt, task.msg.queue, task.msg.msg_id, 0
+        )
+        self._msg_log(task.msg).warning("message.released")
+
+    def _quietly(self, event: str, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except PgQueueError as exc:
+            self.log.error(event, error=str(exc))
+
+    # -- one message --------------------------------------------------------
+
+    def _msg_log(self, msg: Message) -> Any:
+        context: dict[str, Any] = {"queue": msg.queue, "msg_id": msg.msg_id, "read_ct": msg.read_ct}
+        if msg.barrier_id is not None:
+            context["barrier_id"] = msg.barrier_id
+        return self.log.bind(**context)
+
+    def _process(self, task: _Task) -> None:
+        msg, handler = task.msg, task.handler
+        mlog = self._msg_log(msg)
+        try:
+            if handler.transactional:
+                self._run_transactional(task)
+            else:
+                result = self._call(handler, msg)
+                if task.abandoned.is_set():
+                    mlog.warning("message.late_result_ignored")
+                    return
+                self._ack(msg, result)
+            self.handled += 1
+            mlog.info("message.acked", seconds=round(time.monotonic() - task.started, 3))
+        except Poison as exc:
+            if not task.abandoned.is_set():
+                reason = str(exc) or "poisoned by its handler"
+                self._quietly(
+                    "message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason
+                )
+                mlog.warning("message.poisoned", reason=reason)
+        except Exception as exc:
+            # The user's handler failed (any exception is its business, not
+            # ours): the message goes back with a backoff; after max_attempts
+            # reads the queue itself poison-drops it.
+            if not task.abandoned.is_set():
+                self._nack(task, exc, mlog)
+        finally:
+            with self._tasks_lock:
+                if self._tasks.get((msg.queue, msg.msg_id)) is task:
+                    del self._tasks[(msg.queue, msg.msg_id)]
+
+    def _call(self, handler: Handler, msg: Message) -> Any:
+        if not handler.is_async:
+            return handler.func(msg)
+        return asyncio.run_coroutine_threadsafe(handler.func(msg), self._event_loop()).result()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._tasks_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="pgqueue-async", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _run_transactional(self, task: _Task) -> None:
+        # Not retried on a dead connection: if the commit did not happen, the
+        # handler's writes and the ack were rolled back together and the
+        # message is simply delivered again after its vt.
+        with self.client.pool.connection() as conn, conn.transaction():
+            result = task.handler.func(task.msg, conn)
+            if task.abandoned.is_set():
+                raise Retry("abandoned by the runtime")
+            self._ack(task.msg, result, conn)
+
+    def _ack(self, msg: Message, result: Any, conn: Connection | None = None) -> None:
+        """Ack once, idempotently; retried on a fresh connection if the old one died."""
+        if msg.member_index is not None and msg.barrier_id is not None:
+            try:
+                encode_json(result, "result")
+            except InvalidMessage as exc:
+                self._msg_log(msg).warning("message.result_not_json", error=str(exc))
+                result = None
+            self.client.run(
+                complete_members(msg.queue, [msg.msg_id], ["succeeded"], [result]), conn
+            )
+        elif self.settings.ack == "archive":
+            self.client.archive(msg.queue, msg.msg_id, conn=conn)
+        else:
+            self.client.delete(msg.queue, msg.msg_id, conn=conn)
+
+    def _nack(self, task: _Task, exc: Exception, mlog: Any) -> None:
+        s = self.settings
+        msg = task.msg
+        if isinstance(exc, Retry) and exc.delay is not None:
+            delay = exc.delay
+        else:
+            backoff = min(s.backoff_max, s.backoff_base * 2 ** max(msg.read_ct - 1, 0))
+            delay = round(backoff * random.uniform(0.5, 1.5))
+        mlog.warning("message.failed", error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+        try:
+            self.client.set_vt(msg.queue, msg.msg_id, max(0, int(delay)))
+        except PgQueueError as nack_exc:
+            mlog.error("message.nack_failed", error=str(nack_exc))
+
+    # -- shutdown -----------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        s = self.settings
+        self.log.info("worker.stopping", in_flight=self._in_flight(), grace=s.shutdown_grace)
+        deadline = time.monotonic() + (0 if self._forced.is_set() else s.shutdown_grace)
+        while self._in_flight() and time.monotonic() < deadline and not self._forced.is_set():
+            self._heartbeat()
+            self._wait_for_a_slot(min(0.2, max(deadline - time.monotonic(), 0)))
+        with self._tasks_lock:
+            unfinished = list(self._tasks.values())
+        for task in unfinished:
+            self._give_back(task)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self.log.info("worker.stopped", handled=self.handled, released=len(unfinished))
+        return 130 if self._forced.is_set() else 0

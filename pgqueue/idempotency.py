@@ -1,0 +1,25 @@
+"""The duplicate guard: an idempotency ledger written in the handler's own transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgqueue.calls import Call, scalar
+from pgqueue.client import execute
+
+
+def guard_call(key: str) -> Call[bool]:
+    """Record `key` as done; True the first time, False for every later transaction."""
+    return Call("guard", "SELECT pgqueue.guard(%s)", (key,), scalar)
+
+
+def guard(conn: psycopg.Connection[Any], key: str) -> bool:
+    """True if this transaction is the first to do the work named `key` (then do it here).
+
+    Call it on the connection whose transaction holds the side effects: the key
+    commits or rolls back with them, so a redelivered message, or a callback
+    run twice, finds the key and skips the work.
+    """
+    return execute(conn, guard_call(key))

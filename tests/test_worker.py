@@ -1,0 +1,222 @@
+"""The consumer runtime, in-process: acks, retries, poison, heartbeats, wake-ups, faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import worker_app
+from test_faults import terminate_client_backends
+
+from pgqueue import Client, InvalidArgument, Worker, WorkerSettings
+
+
+@pytest.fixture
+def env_dsn(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    return dsn
+
+
+@pytest.fixture
+def make_worker(
+    env_dsn: str, client: Client
+) -> Iterator[Callable[..., tuple[Worker, threading.Thread]]]:
+    started: list[tuple[Worker, threading.Thread, Client]] = []
+    for q in ("jobs", "async_jobs", "tx", "callbacks"):
+        client.create_queue(q, max_attempts=3)
+
+    def make(**settings: Any) -> tuple[Worker, threading.Thread]:
+        base: dict[str, Any] = {
+            "poll_interval": 0.2,
+            "vt": 5,
+            "backoff_base": 0.01,
+            "backoff_max": 0.01,
+            "shutdown_grace": 5,
+        }
+        base.update(settings)
+        wclient = Client.from_dsn(env_dsn, max_size=int(base.get("concurrency", 4)) + 3)
+        w = Worker(worker_app.app, wclient, WorkerSettings(**base))
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True)
+        t.start()
+        started.append((w, t, wclient))
+        return w, t
+
+    yield make
+    for w, t, c in started:
+        w.stop()
+        t.join(15)
+        c.close()
+
+
+def events(dsn: str, event: str | None = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        sql = "SELECT queue, msg_id, event, read_ct FROM handled"
+        if event:
+            return conn.execute(sql + " WHERE event = %s ORDER BY at", (event,)).fetchall()
+        return conn.execute(sql + " ORDER BY at").fetchall()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_worker_runs_sync_and_async_handlers_and_acks(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("jobs", [{"n": i} for i in range(10)])
+    client.send_batch("async_jobs", [{"sleep": 0.1} for _ in range(5)])
+    make_worker(queues=("jobs", "async_jobs"))
+    wait_until(lambda: len(events(env_dsn, "done")) == 15)
+    wait_until(lambda: client.metrics("jobs").queue_length == 0)
+    assert client.metrics("async_jobs").queue_length == 0
+    assert len(events(env_dsn, "start")) == 15
+
+
+def test_barrier_members_are_completed_with_results_and_callback_runs(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    bid = client.fan_out(
+        "jobs", [{"n": i} for i in range(6)], callback_queue="callbacks", callback_message={}
+    )
+    make_worker()
+    wait_until(lambda: len(events(env_dsn, "callback")) == 1)
+    s = client.barrier_status(bid)
+    assert (s.state, s.succeeded) == ("fired", 6)
+    assert [r.result for r in client.barrier_results(bid)] == [{"n": i} for i in range(6)]
+    time.sleep(0.5)
+    assert len(events(env_dsn, "callback")) == 1
+
+
+def test_failure_is_retried_then_succeeds(make_worker: Any, client: Client, env_dsn: str) -> None:
+    msg_id = client.send("jobs", {"fail_times": 2})
+    make_worker()
+    wait_until(lambda: len(events(env_dsn, "done")) == 1)
+    assert [e[3] for e in events(env_dsn, "start")] == [1, 2, 3]
+    assert client.set_vt("jobs", msg_id, 0) is None  # acked
+
+
+def test_always_failing_member_is_poison_dropped_and_barrier_still_fires(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    bid = client.fan_out(
+        "jobs", [{"n": 1}, {"fail_times": 99}], callback_queue="callbacks", callback_message={}
+    )
+    make_worker()
+    wait_until(lambda: len(events(env_dsn, "callback")) == 1)
+    s = client.barrier_status(bid)
+    assert (s.succeeded, s.failed) == (1, 1)
+    [p] = client.poison_list("jobs")
+    assert p.read_ct == 3 and "max_attempts exceeded" in p.reason
+
+
+def test_poison_exception_skips_retries(make_worker: Any, client: Client, env_dsn: str) -> None:
+    client.send("jobs", {"poison": True})
+    make_worker()
+    wait_until(lambda: client.metrics("jobs").poison_length == 1)
+    [p] = client.poison_list("jobs")
+    assert (p.read_ct, p.reason) == (1, "payload cannot be handled")
+    assert len(events(env_dsn, "start")) == 1
+
+
+def test_transactional_handler_effects_commit_with_the_ack_exactly_once(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send("tx", {"key": "a", "fail_first": True})
+    client.send("tx", {"key": "b"})
+    client.send("tx", {"key": "b"})  # a duplicate: the guard skips its effect
+    make_worker(queues=("tx",))
+    wait_until(lambda: client.metrics("tx").queue_length == 0)
+    with psycopg.connect(env_dsn) as conn:
+        rows = conn.execute("SELECT key, count(*) FROM effects GROUP BY key ORDER BY key")
+        assert rows.fetchall() == [("a", 1), ("b", 1)]
+    assert len(events(env_dsn, "done")) == 3
+
+
+def test_long_handler_is_not_redelivered_while_heartbeats_run(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send("jobs", {"sleep": 5})
+    make_worker(vt=2, concurrency=1)
+    wait_until(lambda: len(events(env_dsn, "start")) == 1)
+    # another consumer polls the whole time: the lease must never lapse
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and not events(env_dsn, "done"):
+        assert client.read("jobs", vt=2, qty=1) == []
+        time.sleep(0.2)
+    wait_until(lambda: len(events(env_dsn, "done")) == 1)
+    assert len(events(env_dsn, "start")) == 1
+
+
+def test_idle_worker_wakes_on_notify_not_on_its_poll(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    make_worker(poll_interval=10)
+    time.sleep(0.5)  # idle, registered, waiting on LISTEN
+    client.send("jobs", {"n": 1})
+    sent = time.monotonic()
+    wait_until(lambda: bool(events(env_dsn, "start")), timeout=5)
+    assert time.monotonic() - sent < 2, "the worker slept through the notification"
+
+
+def test_ack_lands_when_the_connection_died_during_the_handler(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send("jobs", {"sleep": 1.5})
+    make_worker(listen=False)
+    wait_until(lambda: bool(events(env_dsn, "start")))
+    # every pgqueue connection is reaped while the handler works
+    assert terminate_client_backends(env_dsn) >= 1
+    wait_until(lambda: bool(events(env_dsn, "done")))
+    wait_until(lambda: client.metrics("jobs").queue_length == 0)
+    time.sleep(0.3)
+    assert len(events(env_dsn, "start")) == 1, "the message was processed again"
+
+
+def test_hung_handler_is_reported_and_its_message_released(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    msg_id = client.send("jobs", {"sleep": 4})
+    make_worker(hard_timeout=1, vt=30, concurrency=1)
+    wait_until(lambda: bool(events(env_dsn, "start")))
+    # released long before its 30 s vt ran out: visible again after ~1 s
+    wait_until(lambda: len(events(env_dsn, "start")) >= 2, timeout=6)
+    assert all(e[1] == msg_id for e in events(env_dsn, "start"))
+
+
+def test_stop_finishes_in_flight_work_and_releases_the_rest(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    quick = client.send("jobs", {"sleep": 0.5})
+    slow = client.send("jobs", {"sleep": 30})
+    worker, thread = make_worker(shutdown_grace=2, concurrency=2)
+    wait_until(lambda: len(events(env_dsn, "start")) == 2)
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert client.set_vt("jobs", quick, 0) is None  # finished and acked
+    [again] = client.read("jobs", vt=30, qty=5)  # released: visible at once
+    assert again.msg_id == slow
+
+
+def test_bad_settings_and_apps_are_refused(client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="concurrency must be >= 1"):
+        WorkerSettings(concurrency=0)
+    with pytest.raises(InvalidArgument, match="no handler for queue"):
+        Worker(worker_app.app, client, WorkerSettings(queues=("nope",)))
+    s = WorkerSettings.from_env(
+        {"PGQUEUE_CONCURRENCY": "8", "PGQUEUE_QUEUES": "a,b", "PGQUEUE_LISTEN": "off"}, vt=9
+    )
+    assert (s.concurrency, s.queues, s.listen, s.vt) == (8, ("a", "b"), False, 9)
+    with pytest.raises(InvalidArgument, match="PGQUEUE_VT"):
+        WorkerSettings.from_env({"PGQUEUE_VT": "soon"})

@@ -1,0 +1,75 @@
+"""The app the worker tests run, in-process and as `pgqueue worker worker_app:app`.
+
+Handlers record every start and finish in the table `handled`, through a
+connection of their own, so tests can count executions from the database.
+What a handler does is driven by its payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import psycopg
+
+from pgqueue import App, Message, Poison, guard
+
+app = App()
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS handled (
+    queue text, msg_id bigint, event text, read_ct int, pid int,
+    at timestamptz DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS effects (key text, msg_id bigint);
+"""
+
+
+def record(msg: Message, event: str) -> None:
+    with psycopg.connect(os.environ["PGQUEUE_DSN"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO handled (queue, msg_id, event, read_ct, pid) VALUES (%s, %s, %s, %s, %s)",
+            (msg.queue, msg.msg_id, event, msg.read_ct, os.getpid()),
+        )
+
+
+def behave(msg: Message) -> None:
+    p: dict[str, Any] = msg.message if isinstance(msg.message, dict) else {}
+    if p.get("sleep"):
+        time.sleep(float(p["sleep"]))
+    if p.get("poison"):
+        raise Poison("payload cannot be handled")
+    if msg.read_ct <= int(p.get("fail_times", 0)):
+        raise RuntimeError(f"transient failure on read {msg.read_ct}")
+
+
+@app.handler("jobs")
+def jobs(msg: Message) -> Any:
+    record(msg, "start")
+    behave(msg)
+    record(msg, "done")
+    return {"n": msg.message.get("n") if isinstance(msg.message, dict) else None}
+
+
+@app.handler("async_jobs")
+async def async_jobs(msg: Message) -> Any:
+    await asyncio.to_thread(record, msg, "start")
+    await asyncio.sleep(float(msg.message.get("sleep", 0)))
+    await asyncio.to_thread(record, msg, "done")
+    return "async"
+
+
+@app.handler("tx", transactional=True)
+def tx(msg: Message, conn: psycopg.Connection[Any]) -> None:
+    record(msg, "start")
+    if guard(conn, f"effect:{msg.message['key']}"):
+        conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.message["key"], msg.msg_id))
+    if msg.message.get("fail_first") and msg.read_ct == 1:
+        raise RuntimeError("failed after writing: the write must roll back")
+    record(msg, "done")
+
+
+@app.handler("callbacks")
+def callbacks(msg: Message) -> None:
+    record(msg, "callback" if msg.is_callback else "plain")
