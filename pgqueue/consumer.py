@@ -23,7 +23,7 @@ from pgqueue import queue as _queue
 from pgqueue.barrier import complete_members
 from pgqueue.calls import encode_json
 from pgqueue.client import Client, Connection, execute
-from pgqueue.errors import InvalidArgument, InvalidMessage, PgQueueError
+from pgqueue.errors import InvalidArgument, InvalidMessage, PgQueueError, QueueNotFound
 from pgqueue.queue import Message
 
 log = structlog.get_logger("pgqueue")
@@ -192,9 +192,10 @@ class _Task:
 class _Listener:
     """LISTEN/NOTIFY wake-ups on a connection of its own; polling when it cannot."""
 
-    def __init__(self, dsn: str, queues: tuple[str, ...]) -> None:
+    def __init__(self, dsn: str, queues: tuple[str, ...], stopping: threading.Event) -> None:
         self.dsn = dsn
         self.queues = queues
+        self.stopping = stopping
         self.conn: Connection | None = None
         self.registered = False
 
@@ -208,12 +209,15 @@ class _Listener:
                     execute(self.conn, _queue.listen(q))
                 self.registered = True
                 return  # the caller reads once more: a send before listen() went unannounced
-            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.OperationalError as exc:
+            # In slices, so a stop request is answered within a second.
+            deadline = time.monotonic() + timeout
+            while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+                if list(self.conn.notifies(timeout=min(left, 1.0), stop_after=1)):
+                    return
+        except psycopg.Error as exc:
             log.warning("listen.failed", error=str(exc).strip(), fallback="polling")
             self.close()
-            time.sleep(timeout)
+            self.stopping.wait(timeout)
 
     def busy(self) -> None:
         """Stop waiting: sends to busy queues should not pay for a NOTIFY."""
@@ -280,8 +284,18 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         s = self.settings
+        existing = {q.queue_name for q in self.client.list_queues()}
+        missing = [q for q in s.queues if q not in existing]
+        if missing:
+            raise QueueNotFound(
+                f"queue(s) {', '.join(missing)} do not exist; create them first"
+                " (Client.create_queue or SELECT pgqueue.create_queue(...)), or pass --queue"
+                " for the ones this worker should consume"
+            )
         self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
-        listener = _Listener(s.listen_dsn or self._dsn(), s.queues) if s.listen else None
+        listener = (
+            _Listener(s.listen_dsn or self._dsn(), s.queues, self._stopping) if s.listen else None
+        )
         try:
             while not self._stopping.is_set():
                 self._tick()

