@@ -39,7 +39,10 @@ def _dsn_option(func: F) -> F:
 def main() -> None:
     """pgqueue: a Postgres message queue with exactly-once fan-in barriers."""
     log_format = os.environ.get("PGQUEUE_LOG_FORMAT", "")
-    configure_logging(json={"json": True, "console": False}.get(log_format))
+    configure_logging(
+        json={"json": True, "console": False}.get(log_format),
+        level=os.environ.get("PGQUEUE_LOG_LEVEL", "INFO"),
+    )
 
 
 @main.command()
