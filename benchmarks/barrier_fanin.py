@@ -13,22 +13,10 @@ import multiprocessing as mp
 import os
 import statistics
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
+from benchmarks.common import DEFAULT_DSN, scratch_database, write_results
 from pgqueue import Client
-
-RESULTS = Path(__file__).parent / "results"
-
-
-def _with_db(dsn: str, db: str) -> str:
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["dbname"] = db
-    return make_conninfo("", **params)
 
 
 def _consumer(dsn: str, batch: int, start: Any, out: Any) -> None:
@@ -93,29 +81,18 @@ def run_once(dsn: str, members: int, consumers: int, batch: int) -> tuple[float,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--dsn", default=os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
-    )
+    ap.add_argument("--dsn", default=DEFAULT_DSN)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--members", type=int, default=10_000)
     ap.add_argument("--consumers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=100)
     args = ap.parse_args()
-    db = f"bench_barrier_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {db}")
-    target = _with_db(args.dsn, db)
-    try:
-        with Client.from_dsn(target) as client:
-            client.migrate()
+    with scratch_database(args.dsn, "bench_barrier") as target:
         rates, lags = [], []
         for _ in range(args.runs):
             rate, lag = run_once(target, args.members, args.consumers, args.batch)
             rates.append(rate)
             lags.append(lag)
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     table = "\n".join(
         [
             f"{args.members} members, {args.consumers} consumer processes, batches of {args.batch},"
@@ -129,9 +106,7 @@ def main() -> None:
             f" {min(lags):.1f}-{max(lags):.1f} |",
         ]
     )
-    print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "barrier_fanin.md").write_text(table + "\n")
+    write_results("barrier_fanin", table)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
+from benchmarks.common import with_db
 from pgqueue.migrate import migrate
 
 RESULTS = Path(__file__).parent / "results"
@@ -77,12 +78,6 @@ SCENARIOS = [
     Scenario("read+delete batch 1, 1 conn", "read_delete", 1, 1, 3000),
     Scenario("read+delete batch 1, 4 conns", "read_delete", 4, 1, 1500),
 ]
-
-
-def with_db(dsn: str, db: str) -> str:
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["dbname"] = db
-    return make_conninfo("", **params)
 
 
 def install(dsn: str, system: System) -> str:

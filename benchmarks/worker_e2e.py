@@ -11,22 +11,9 @@ import os
 import statistics
 import threading
 import time
-import uuid
-from pathlib import Path
-from typing import Any
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
+from benchmarks.common import DEFAULT_DSN, scratch_database, write_results
 from pgqueue import App, Client, Message, Worker, WorkerSettings
-
-RESULTS = Path(__file__).parent / "results"
-
-
-def _with_db(dsn: str, db: str) -> str:
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["dbname"] = db
-    return make_conninfo("", **params)
 
 
 def drain(dsn: str, messages: int, concurrency: int) -> float:
@@ -103,27 +90,16 @@ def latency(dsn: str, listen: bool, samples: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--dsn", default=os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
-    )
+    ap.add_argument("--dsn", default=DEFAULT_DSN)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--samples", type=int, default=30)
     args = ap.parse_args()
-    db = f"bench_worker_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {db}")
-    target = _with_db(args.dsn, db)
-    try:
-        with Client.from_dsn(target) as client:
-            client.migrate()
+    with scratch_database(args.dsn, "bench_worker") as target:
         rates = [drain(target, args.messages, args.concurrency) for _ in range(args.runs)]
         notify = latency(target, True, args.samples)
         polling = latency(target, False, args.samples)
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
     def pct(xs: list[float], p: float) -> float:
         return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]
@@ -143,9 +119,7 @@ def main() -> None:
             f" p99 {pct(polling, 0.99):.1f} |",
         ]
     )
-    print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "worker_e2e.md").write_text(table + "\n")
+    write_results("worker_e2e", table)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -158,9 +157,8 @@ class AsyncClient:
         conn: AsyncConnection | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically (same guarantees as Client.fan_out)."""
-        bid = barrier_id if barrier_id is not None else str(uuid.uuid4())
         call = _barrier.fan_out(
-            queue, messages, callback_queue, callback_message, bid, headers, deadline_seconds
+            queue, messages, callback_queue, callback_message, barrier_id, headers, deadline_seconds
         )
         return await self.run(call, conn)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -55,11 +56,17 @@ def fan_out(
     messages: Sequence[Any],
     callback_queue: str,
     callback_message: Any,
-    barrier_id: str,
+    barrier_id: str | None,
     headers: dict[str, Any] | None = None,
     deadline_seconds: int | None = None,
 ) -> Call[str]:
-    """Send the members and arm their barrier in one transaction; the barrier id."""
+    """Send the members and arm their barrier in one transaction; the barrier id.
+
+    The id is generated here, once per call, when not given: a retry of the
+    same call then finds its first attempt and sends nothing twice.
+    """
+    if barrier_id is None:
+        barrier_id = str(uuid.uuid4())
     return Call(
         "fan_out",
         "SELECT pgqueue.fan_out(%s, %s::jsonb[], %s, %s::jsonb, %s, %s::jsonb, %s)",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -357,10 +356,15 @@ class Client:
         The barrier id is generated here when not given, so a fan_out retried
         after a lost reply finds its first attempt and sends nothing twice.
         """
-        bid = barrier_id if barrier_id is not None else str(uuid.uuid4())
         return self.run(
             _barrier.fan_out(
-                queue, messages, callback_queue, callback_message, bid, headers, deadline_seconds
+                queue,
+                messages,
+                callback_queue,
+                callback_message,
+                barrier_id,
+                headers,
+                deadline_seconds,
             ),
             conn,
         )

@@ -155,3 +155,15 @@ def restart_server(server: Any) -> None:
         bin_path=server.bin_path,
         user=server.system_user,
     )
+
+
+def wait_until(check: Any, timeout: float = 15) -> None:
+    """Poll `check` until it is true; fail the test when it never is."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 import worker_app
+from conftest import wait_until
 from test_faults import terminate_client_backends
 
 from pgqueue import Client, InvalidArgument, Worker, WorkerSettings
@@ -60,15 +61,6 @@ def events(dsn: str, event: str | None = None) -> list[tuple[Any, ...]]:
         if event:
             return conn.execute(sql + " WHERE event = %s ORDER BY at", (event,)).fetchall()
         return conn.execute(sql + " ORDER BY at").fetchall()
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def test_worker_runs_sync_and_async_handlers_and_acks(

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 import worker_app
-from conftest import restart_server, with_dbname
+from conftest import restart_server, wait_until, with_dbname
 
 from pgqueue import Client
 
@@ -87,15 +87,6 @@ def count(dsn: str, event: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM handled WHERE event = %s", (event,)).fetchone()
     return int(row[0]) if row else 0
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def test_sigterm_acks_finished_work_releases_the_rest_and_exits_0(dsn: str, spawn: Any) -> None:
