@@ -66,7 +66,9 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
 @click.option("--concurrency", type=int, default=None, help="Handlers running at once [4].")
 @click.option("--batch", type=int, default=None, help="Messages per read [= concurrency].")
 @click.option("--vt", type=int, default=None, help="Visibility timeout in seconds [30].")
-@click.option("--ack", type=click.Choice(["delete", "archive"]), default=None, help="[delete]")
+@click.option(
+    "--ack", type=click.Choice(["delete", "archive"]), default=None, help="How to ack [delete]."
+)
 @click.option("--hard-timeout", type=float, default=None, help="Give a hung message back [off].")
 @click.option("--shutdown-grace", type=float, default=None, help="Seconds to finish work [30].")
 @click.option("--poll-interval", type=float, default=None, help="Idle wait in seconds [1].")
