@@ -34,6 +34,7 @@ class FaultProxy:
         self._cut_on: bytes | None = None
         self.cuts = 0
         self._conns: list[socket.socket] = []
+        self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut_after_request_containing(self, marker: bytes) -> None:
@@ -45,6 +46,7 @@ class FaultProxy:
         """Stop listening and cut every connection."""
         _close(self._listener)
         with self._lock:
+            self._closed = True
             for s in self._conns:
                 _close(s)
 
@@ -57,6 +59,10 @@ class FaultProxy:
             server = socket.socket(self._target[0], socket.SOCK_STREAM)
             server.connect(self._target[1])
             with self._lock:
+                if self._closed:  # accepted just as the proxy closed: cut it too
+                    _close(client)
+                    _close(server)
+                    return
                 self._conns += [client, server]
             pair = _Pair(client, server, self)
             threading.Thread(target=pair.upstream, daemon=True).start()
