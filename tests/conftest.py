@@ -167,3 +167,15 @@ def wait_until(check: Any, timeout: float = 15) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached in time")
+
+
+def stateful_settings(max_examples: int, steps: int) -> Any:
+    """Hypothesis settings for the state machines that run on the test database."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )

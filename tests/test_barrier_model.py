@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from hypothesis import HealthCheck, settings
+from conftest import stateful_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -160,10 +160,5 @@ def test_barriers_behave_like_their_model(dsn: str) -> None:
         BarrierModel.conn = conn
         run_state_machine_as_test(
             BarrierModel,
-            settings=settings(
-                max_examples=100,
-                stateful_step_count=40,
-                deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture],
-            ),
+            settings=stateful_settings(100, 40),
         )

@@ -36,6 +36,27 @@ def callback_rows(conn: Any, barrier_id: str) -> int:
     )
 
 
+def overdue_barriers(
+    client: Client, sql: Any, *, barriers: int, members: int
+) -> tuple[list[str], list[int]]:
+    """Barriers past their deadline whose members are all leased; (barrier ids, member ids)."""
+    client.create_queue("work")
+    client.create_queue("cb")
+    bids = [
+        client.fan_out(
+            "work",
+            list(range(members)),
+            callback_queue="cb",
+            callback_message={},
+            deadline_seconds=3600,
+        )
+        for _ in range(barriers)
+    ]
+    ids = [m.msg_id for m in client.read("work", vt=300, qty=barriers * members)]
+    sql.execute("UPDATE pgqueue.barrier SET deadline = clock_timestamp()")
+    return bids, ids
+
+
 @pytest.mark.parametrize("round_", range(4))
 def test_many_connections_completing_members_repeatedly_fire_one_callback(
     client: Client, dsn: str, round_: int
@@ -115,16 +136,7 @@ def test_read_time_poison_drops_race_with_completions(client: Client, dsn: str) 
 def test_concurrent_sweeps_and_completions_fire_each_barrier_once(
     client: Client, dsn: str, sql: Any
 ) -> None:
-    client.create_queue("work")
-    client.create_queue("cb")
-    bids = [
-        client.fan_out(
-            "work", list(range(20)), callback_queue="cb", callback_message={}, deadline_seconds=3600
-        )
-        for _ in range(10)
-    ]
-    ids = [m.msg_id for m in client.read("work", vt=300, qty=1000)]
-    sql.execute("UPDATE pgqueue.barrier SET deadline = clock_timestamp()")
+    bids, ids = overdue_barriers(client, sql, barriers=10, members=20)
 
     def worker(i: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -328,16 +340,7 @@ def test_multi_row_acks_and_batch_completions_do_not_deadlock(client: Client, ds
 
 
 def test_sweeps_and_batch_completions_do_not_deadlock(client: Client, dsn: str, sql: Any) -> None:
-    client.create_queue("work")
-    client.create_queue("cb")
-    bids = [
-        client.fan_out(
-            "work", list(range(10)), callback_queue="cb", callback_message={}, deadline_seconds=3600
-        )
-        for _ in range(12)
-    ]
-    ids = [m.msg_id for m in client.read("work", vt=300, qty=1000)]
-    sql.execute("UPDATE pgqueue.barrier SET deadline = clock_timestamp()")
+    bids, ids = overdue_barriers(client, sql, barriers=12, members=10)
     rnd = random.Random(3)
     batches = [rnd.sample(ids, 12) for _ in range(30)]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from hypothesis import HealthCheck, settings
+from conftest import stateful_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -183,10 +183,5 @@ def test_queue_behaves_like_its_model(dsn: str) -> None:
         QueueModel.conn = conn
         run_state_machine_as_test(
             QueueModel,
-            settings=settings(
-                max_examples=150,
-                stateful_step_count=50,
-                deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture],
-            ),
+            settings=stateful_settings(150, 50),
         )
