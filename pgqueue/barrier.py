@@ -47,6 +47,18 @@ class MemberResult:
     completed_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class MemberFailure:
+    """A member that did not succeed, and why (one line an operator can read)."""
+
+    member_index: int
+    msg_id: int
+    outcome: str
+    reason: str
+    result: Any
+    completed_at: datetime | None
+
+
 def _statuses(rows: list[Row]) -> list[BarrierStatus]:
     return [BarrierStatus(*r) for r in rows]
 
@@ -120,6 +132,16 @@ def barrier_results(barrier_id: str) -> Call[list[MemberResult]]:
         "SELECT * FROM pgqueue.barrier_results(%s)",
         (barrier_id,),
         lambda rows: [MemberResult(*r) for r in rows],
+    )
+
+
+def barrier_failures(barrier_id: str, qty: int = 100) -> Call[list[MemberFailure]]:
+    """The members that completed other than succeeded, by member index, with their reason."""
+    return Call(
+        "barrier_failures",
+        "SELECT * FROM pgqueue.barrier_failures(%s, %s)",
+        (barrier_id, qty),
+        lambda rows: [MemberFailure(*r) for r in rows],
     )
 
 

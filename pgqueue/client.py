@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -16,12 +17,12 @@ from pgqueue import claims as _claims
 from pgqueue import migrate as _migrate
 from pgqueue import poison as _poison
 from pgqueue import queue as _queue
-from pgqueue.barrier import BarrierStatus, MemberResult
+from pgqueue.barrier import BarrierStatus, MemberFailure, MemberResult
 from pgqueue.calls import Call
 from pgqueue.claims import Claim, ClaimRecord
 from pgqueue.errors import ConnectionLost, InvalidArgument, translate
-from pgqueue.poison import PoisonMessage
-from pgqueue.queue import JSON, Message, QueueInfo, QueueMetrics
+from pgqueue.poison import ANY_POISON, PoisonFilter, PoisonMessage
+from pgqueue.queue import JSON, Message, PeekedMessage, QueueInfo, QueueMetrics
 from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
 from pgqueue.settings import describe_dsn, require_dsn, unreachable
 
@@ -189,6 +190,10 @@ class Client:
         """Delete all live messages of the queue; how many."""
         return self.run(_queue.purge_queue(queue))
 
+    def purge_queue_chunk(self, queue: str, *, up_to_msg_id: int, qty: int = 1000) -> int:
+        """Delete up to qty live messages with msg_id <= up_to_msg_id; how many (0: done)."""
+        return self.run(_queue.purge_queue_chunk(queue, up_to_msg_id, qty))
+
     # -- sending ------------------------------------------------------------
 
     def send(
@@ -302,10 +307,24 @@ class Client:
         return self.run(_queue.archive_many(queue, msg_ids), conn)
 
     def set_vt(
-        self, queue: str, msg_id: int, vt: int, *, conn: Connection | None = None
+        self,
+        queue: str,
+        msg_id: int,
+        vt: int,
+        *,
+        error: str | None = None,
+        conn: Connection | None = None,
     ) -> Message | None:
-        """Hide the message until vt seconds from now (extend a lease, or nack with a delay)."""
-        return self.run(_queue.set_vt(queue, msg_id, vt), conn)
+        """Hide the message until vt seconds from now (extend a lease, or nack with a delay).
+
+        A nack may pass the `error` that made it fail: it is kept with the
+        message and quoted in the poison reason if max_attempts runs out.
+        """
+        return self.run(_queue.set_vt(queue, msg_id, vt, error), conn)
+
+    def peek(self, queue: str, *, qty: int = 10, after_msg_id: int = 0) -> list[PeekedMessage]:
+        """Live messages in msg_id order, visible or not, without claiming or changing them."""
+        return self.run(_queue.peek(queue, qty, after_msg_id))
 
     # -- metrics ------------------------------------------------------------
 
@@ -325,17 +344,47 @@ class Client:
         """Move a message to the poison table now, with a reason; False if already gone."""
         return self.run(_poison.poison(queue, msg_id, reason), conn)
 
-    def poison_list(self, queue: str | None = None, *, qty: int = 100) -> list[PoisonMessage]:
-        """The latest poison messages, newest first."""
-        return self.run(_poison.poison_list(queue, qty))
+    def poison_list(
+        self,
+        queue: str | None = None,
+        *,
+        qty: int = 100,
+        since: datetime | None = None,
+        reason: str | None = None,
+    ) -> list[PoisonMessage]:
+        """The latest poison messages, newest first; optionally only since, reason containing."""
+        return self.run(_poison.poison_list(queue, qty, since, reason))
 
-    def poison_requeue(self, queue: str, msg_ids: Sequence[int]) -> list[int]:
+    def poison_get(self, queue: str, msg_id: int) -> PoisonMessage | None:
+        """One poison message; None if the queue has none with that id."""
+        return self.run(_poison.poison_get(queue, msg_id))
+
+    def poison_count(self, queue: str | None = None, where: PoisonFilter = ANY_POISON) -> int:
+        """How many poison messages match."""
+        return self.run(_poison.poison_count(queue, where))
+
+    def poison_ids(
+        self,
+        queue: str,
+        *,
+        after_msg_id: int = 0,
+        qty: int = 500,
+        where: PoisonFilter = ANY_POISON,
+    ) -> list[int]:
+        """The next page of matching poison ids above after_msg_id, ascending."""
+        return self.run(_poison.poison_ids(queue, after_msg_id, qty, where))
+
+    def poison_requeue(
+        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+    ) -> list[int]:
         """Give poisoned messages a fresh start in their queue; the ids requeued."""
-        return self.run(_poison.poison_requeue(queue, msg_ids))
+        return self.run(_poison.poison_requeue(queue, msg_ids), conn)
 
-    def poison_purge(self, queue: str, msg_ids: Sequence[int] | None = None) -> int:
+    def poison_purge(
+        self, queue: str, msg_ids: Sequence[int] | None = None, *, conn: Connection | None = None
+    ) -> int:
         """Delete poisoned messages (all of the queue's when msg_ids is None); how many."""
-        return self.run(_poison.poison_purge(queue, msg_ids))
+        return self.run(_poison.poison_purge(queue, msg_ids), conn)
 
     # -- barriers -----------------------------------------------------------
 
@@ -401,6 +450,10 @@ class Client:
     def barrier_results(self, barrier_id: str) -> list[MemberResult]:
         """Each member's outcome and result, for the callback handler."""
         return self.run(_barrier.barrier_results(barrier_id))
+
+    def barrier_failures(self, barrier_id: str, *, qty: int = 100) -> list[MemberFailure]:
+        """The members that failed, were poisoned, purged or timed out, with the reason for each."""
+        return self.run(_barrier.barrier_failures(barrier_id, qty))
 
     def list_barriers(self, *, state: str | None = None, qty: int = 100) -> list[BarrierStatus]:
         """The newest barriers, optionally only open, fired or expired ones."""

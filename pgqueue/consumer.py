@@ -602,9 +602,10 @@ class Worker:
         else:
             backoff = min(s.backoff_max, s.backoff_base * 2 ** max(msg.read_ct - 1, 0))
             delay = round(backoff * random.uniform(0.5, 1.5))
-        mlog.warning("message.failed", error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+        error = f"{type(exc).__name__}: {exc}"
+        mlog.warning("message.failed", error=error, retry_in=delay)
         try:
-            self.client.set_vt(msg.queue, msg.msg_id, max(0, int(delay)))
+            self.client.set_vt(msg.queue, msg.msg_id, max(0, int(delay)), error=error)
         except PgQueueError as nack_exc:
             mlog.error("message.nack_failed", error=str(nack_exc))
 

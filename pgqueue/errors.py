@@ -15,6 +15,11 @@ _NOT_MIGRATED_STATES = frozenset({"3F000", "42883", "42P01", "42704"})
 class PgQueueError(Exception):
     """Base class of every error pgqueue raises on purpose."""
 
+    def __init__(self, message: str, *, what: str | None = None) -> None:
+        """An error whose text says what went wrong and what to do; `what` alone says the first."""
+        super().__init__(message)
+        self.what = what or message
+
 
 class QueueNotFound(PgQueueError):
     """The named queue does not exist."""
@@ -59,9 +64,9 @@ def translate(exc: psycopg.Error) -> PgQueueError | None:
     primary = diag.message_primary or str(exc).strip()
     hint = f" ({diag.message_hint})" if diag.message_hint else ""
     if state == SQLSTATE_QUEUE_NOT_FOUND:
-        return QueueNotFound(primary + hint)
+        return QueueNotFound(primary + hint, what=primary)
     if state == SQLSTATE_BARRIER_NOT_FOUND:
-        return BarrierNotFound(primary + hint)
+        return BarrierNotFound(primary + hint, what=primary)
     if state == SQLSTATE_BARRIER_CONFLICT:
         return BarrierConflict(primary + hint)
     if state == "55006":

@@ -33,13 +33,62 @@ def poison(queue: str, msg_id: int, reason: str) -> Call[bool]:
     return Call("poison", "SELECT pgqueue.poison(%s, %s, %s)", (queue, msg_id, reason), scalar)
 
 
-def poison_list(queue: str | None = None, qty: int = 100) -> Call[list[PoisonMessage]]:
-    """The most recently poisoned messages, of one queue or of all."""
+def poison_list(
+    queue: str | None = None,
+    qty: int = 100,
+    since: datetime | None = None,
+    reason: str | None = None,
+) -> Call[list[PoisonMessage]]:
+    """The most recently poisoned messages, of one queue or of all, poisoned since, matching."""
     return Call(
         "poison_list",
-        "SELECT * FROM pgqueue.poison_list(%s, %s)",
-        (queue, qty),
+        "SELECT * FROM pgqueue.poison_list(%s::text, %s::integer, %s::timestamptz, %s::text)",
+        (queue, qty, since, reason),
         _poison_messages,
+    )
+
+
+def poison_get(queue: str, msg_id: int) -> Call[PoisonMessage | None]:
+    """One poison message of the queue; None if there is none with that id."""
+    return Call(
+        "poison_get",
+        "SELECT * FROM pgqueue.poison_get(%s, %s)",
+        (queue, msg_id),
+        lambda rows: _poison_messages(rows)[0] if rows else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonFilter:
+    """Which poison messages of a queue a bulk operation touches: poisoned in [after, before)."""
+
+    after: datetime | None = None
+    before: datetime | None = None
+    reason: str | None = None
+
+
+ANY_POISON = PoisonFilter()
+
+
+def poison_ids(
+    queue: str, after_msg_id: int, qty: int, where: PoisonFilter = ANY_POISON
+) -> Call[list[int]]:
+    """The next qty matching poison ids above after_msg_id, ascending (a keyset page)."""
+    return Call(
+        "poison_ids",
+        "SELECT * FROM pgqueue.poison_ids(%s, %s, %s, %s, %s, %s)",
+        (queue, after_msg_id, qty, where.after, where.before, where.reason),
+        column,
+    )
+
+
+def poison_count(queue: str | None, where: PoisonFilter = ANY_POISON) -> Call[int]:
+    """How many poison messages match (of one queue, or of all when queue is None)."""
+    return Call(
+        "poison_count",
+        "SELECT pgqueue.poison_count(%s, %s, %s, %s)",
+        (queue, where.after, where.before, where.reason),
+        scalar,
     )
 
 

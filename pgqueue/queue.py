@@ -58,6 +58,27 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class PeekedMessage:
+    """A live message as seen by an operator: looked at, not claimed."""
+
+    queue: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    vt: datetime
+    message: JSON
+    headers: dict[str, Any] | None
+    dedupe_key: str | None
+    last_error: str | None
+
+    def state(self, now: datetime) -> str:
+        """visible (a read would take it), in_flight (leased to a consumer) or delayed."""
+        if self.vt <= now:
+            return "visible"
+        return "in_flight" if self.read_ct > 0 else "delayed"
+
+
+@dataclass(frozen=True, slots=True)
 class QueueInfo:
     """A queue and its settings."""
 
@@ -235,13 +256,44 @@ def archive_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
     )
 
 
-def set_vt(queue: str, msg_id: int, vt: int) -> Call[Message | None]:
-    """Make the message visible again vt seconds from now; None if it is gone."""
+def set_vt(queue: str, msg_id: int, vt: int, error: str | None = None) -> Call[Message | None]:
+    """Make the message visible again vt seconds from now; None if it is gone.
+
+    An `error` is kept with the message (the latest one wins) and quoted in
+    the poison reason if the message is poison-dropped later.
+    """
+    if error is None:
+        return Call(
+            "set_vt",
+            f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
+            (queue, msg_id, vt),
+            _first_message(queue),
+        )
     return Call(
         "set_vt",
-        f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
-        (queue, msg_id, vt),
+        f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text)",
+        (queue, msg_id, vt, error),
         _first_message(queue),
+    )
+
+
+def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMessage]]:
+    """Live messages in msg_id order after after_msg_id, without claiming or changing them."""
+    return Call(
+        "peek",
+        "SELECT * FROM pgqueue.peek(%s, %s, %s)",
+        (queue, qty, after_msg_id),
+        lambda rows: [PeekedMessage(queue, *r) for r in rows],
+    )
+
+
+def purge_queue_chunk(queue: str, up_to_msg_id: int, qty: int) -> Call[int]:
+    """Delete up to qty live messages with msg_id <= up_to_msg_id, oldest first; how many."""
+    return Call(
+        "purge_queue_chunk",
+        "SELECT pgqueue.purge_queue_chunk(%s, %s, %s)",
+        (queue, up_to_msg_id, qty),
+        scalar,
     )
 
 

@@ -57,7 +57,7 @@ def test_migrate_against_a_dead_server_is_one_line_and_exit_1() -> None:
     assert result.stderr.startswith("pgqueue: error: could not connect to x@127.0.0.1:1/db")
 
 
-def test_demo_against_a_server_poisons_the_bad_order(dsn: str) -> None:
+def test_demo_against_a_server_shows_the_whole_idea(dsn: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pgqueue", "demo", "--dsn", dsn],
         capture_output=True,
@@ -65,11 +65,35 @@ def test_demo_against_a_server_poisons_the_bad_order(dsn: str) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "poison: msg_id 3" in result.stdout
+    out = result.stdout
+    assert "fanned out 100 orders" in out
+    assert "attempt 3 of 3" in out
+    assert "_pg_transport=True" in out and "succeeded=99 failed=1" in out
+    assert "barrier fired exactly once: 1 callback" in out
+    assert "$ pgqueue poison list demo_orders" in out and "LookupError" in out
+    assert "next:" in out
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*), max(read_ct) FROM pgqueue.poison").fetchone()
+        barriers = conn.execute(
+            "SELECT state, succeeded, failed, callback_msg_id IS NOT NULL FROM pgqueue.barrier"
+        ).fetchall()
+        poison = conn.execute("SELECT msg_id, read_ct, reason FROM pgqueue.poison").fetchall()
         live = conn.execute("SELECT count(*) FROM pgqueue.message").fetchone()
-    assert row == (1, 3) and live == (0,)
+    assert barriers == [("fired", 99, 1, True)]
+    assert [(p[0], p[1]) for p in poison] == [(57, 3)]
+    assert "last error: LookupError: SKU-UNKNOWN is not in the catalogue" in poison[0][2]
+    assert live == (0,)  # every order and the callback acked
+
+
+def test_demo_runs_again_on_the_same_database(dsn: str) -> None:
+    runner = CliRunner()
+    for _ in range(2):
+        result = runner.invoke(main, ["demo", "--dsn", dsn])
+        assert result.exit_code == 0, result.output
+        assert "succeeded=99 failed=1" in result.stdout
+    with psycopg.connect(dsn) as conn:
+        fired = conn.execute("SELECT count(*) FROM pgqueue.barrier WHERE state = 'fired'")
+        assert fired.fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM pgqueue.poison").fetchone() == (1,)
 
 
 def test_demo_with_no_dsn_runs_on_the_embedded_postgres(tmp_path: Path) -> None:
@@ -84,4 +108,4 @@ def test_demo_with_no_dsn_runs_on_the_embedded_postgres(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "starting the embedded Postgres" in result.stdout
-    assert "poison_length=1" in result.stdout
+    assert "succeeded=99 failed=1" in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -156,3 +157,77 @@ def test_requeue_racing_drop_queue_leaves_no_orphan(client: Client, queue: str, 
     t.join()
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgqueue.message").fetchone() == (0,)
+
+
+def test_the_last_error_of_a_nack_is_quoted_in_the_poison_reason(
+    client: Client, queue: str
+) -> None:
+    msg_id = client.send(queue, {"order": 1})
+    for attempt in range(1, 4):
+        [msg] = client.read(queue, vt=30, qty=1)
+        client.set_vt(queue, msg.msg_id, 0, error=f"TimeoutError: try {attempt}")
+    client.set_vt(queue, msg_id, 0)  # a nack without an error keeps the last one
+    assert client.read(queue, vt=30, qty=1) == []
+    [p] = client.poison_list(queue)
+    assert p.reason == "max_attempts exceeded (read 3 times); last error: TimeoutError: try 3"
+
+
+def test_a_huge_error_is_clipped_not_refused(client: Client, queue: str) -> None:
+    client.send(queue, {})
+    [msg] = client.read(queue, vt=30, qty=1)
+    client.set_vt(queue, msg.msg_id, 0, error="x" * 100_000)
+    [peeked] = client.peek(queue)
+    assert peeked.last_error is not None
+    assert len(peeked.last_error) < 2100 and peeked.last_error.endswith(" [...]")
+
+
+def test_peek_changes_nothing_and_pages_by_msg_id(client: Client, queue: str, sql: Any) -> None:
+    ids = client.send_batch(queue, [{"n": n} for n in range(5)])
+    client.read(queue, vt=60, qty=2)
+    before = sql.execute("SELECT * FROM pgqueue.message ORDER BY msg_id").fetchall()
+    first = client.peek(queue, qty=3)
+    rest = client.peek(queue, qty=3, after_msg_id=first[-1].msg_id)
+    assert [m.msg_id for m in first + rest] == ids
+    assert [m.read_ct for m in first + rest] == [1, 1, 0, 0, 0]
+    assert sql.execute("SELECT * FROM pgqueue.message ORDER BY msg_id").fetchall() == before
+    with pytest.raises(QueueNotFound):
+        client.peek("nope")
+    with pytest.raises(InvalidArgument):
+        client.peek(queue, qty=-1)
+
+
+def test_purge_in_chunks_keeps_messages_sent_after_it_began(client: Client, queue: str) -> None:
+    client.send_batch(queue, [{} for _ in range(7)])
+    bound = client.metrics(queue).total_messages
+    later = client.send(queue, {"late": True})
+    removed = []
+    while n := client.purge_queue_chunk(queue, up_to_msg_id=bound, qty=3):
+        removed.append(n)
+    assert removed == [3, 3, 1]
+    assert [m.msg_id for m in client.peek(queue)] == [later]
+
+
+def test_poison_filters_count_and_page(client: Client, queue: str, sql: Any) -> None:
+    from pgqueue.poison import PoisonFilter
+
+    ids = client.send_batch(queue, [{"n": n} for n in range(6)])
+    for msg_id in ids:
+        client.poison(queue, msg_id, "timeout" if msg_id % 2 else "Bad Payload")
+    sql.execute(
+        "UPDATE pgqueue.poison SET poisoned_at = poisoned_at - interval '1 day' WHERE msg_id <= 3"
+    )
+    now = sql.execute("SELECT clock_timestamp()").fetchone()[0]
+    recent = PoisonFilter(after=now - timedelta(hours=1))
+    assert client.poison_count(queue) == 6
+    assert client.poison_count(queue, recent) == 3
+    assert client.poison_count(None, PoisonFilter(reason="bad payload")) == 3
+    assert client.poison_ids(queue, qty=2) == ids[:2]
+    assert client.poison_ids(queue, after_msg_id=ids[1], qty=10, where=recent) == ids[3:]
+    old = PoisonFilter(before=now - timedelta(hours=1), reason="TIME")
+    assert client.poison_ids(queue, qty=10, where=old) == [1, 3]
+    assert [p.msg_id for p in client.poison_list(queue, since=now - timedelta(hours=1))] == [
+        6,
+        5,
+        4,
+    ]
+    assert client.poison_get(queue, 4) is not None and client.poison_get(queue, 99) is None

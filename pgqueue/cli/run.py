@@ -1,67 +1,39 @@
-"""The `pgqueue` command."""
+"""`pgqueue migrate`, `pgqueue worker` and `pgqueue demo`."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from pgqueue.cli._common import (
+    connection_options,
+    expected_errors,
+    open_client,
+    setup_logging,
+)
+from pgqueue.cli._main import main
 from pgqueue.client import Client
-from pgqueue.errors import PgQueueError
-from pgqueue.log import configure_logging
 from pgqueue.settings import resolve_dsn
-
-F = TypeVar("F", bound=Callable[..., object])
-
-DSN_HELP = "Postgres DSN; default $PGQUEUE_DSN, then $DATABASE_URL."
-
-
-@contextmanager
-def _expected_errors() -> Iterator[None]:
-    """Turn pgqueue's own errors into one line on stderr and exit code 1."""
-    try:
-        yield
-    except PgQueueError as exc:
-        click.echo(f"pgqueue: error: {exc}", err=True)
-        sys.exit(1)
-
-
-def _dsn_option(func: F) -> F:
-    return click.option("--dsn", envvar=None, default=None, help=DSN_HELP)(func)
-
-
-@click.group()
-@click.version_option(package_name="pgqueue")
-def main() -> None:
-    """pgqueue: a Postgres message queue with exactly-once fan-in barriers."""
-    log_format = os.environ.get("PGQUEUE_LOG_FORMAT", "")
-    configure_logging(
-        json={"json": True, "console": False}.get(log_format),
-        level=os.environ.get("PGQUEUE_LOG_LEVEL", "INFO"),
-    )
 
 
 @main.command()
-@_dsn_option
-@click.option("--connect-timeout", default=5.0, show_default=True, help="Seconds to wait.")
+@connection_options
 def migrate(dsn: str | None, connect_timeout: float) -> None:
     """Create or upgrade the pgqueue schema (safe to run concurrently and repeatedly)."""
-    with _expected_errors():
-        with Client.from_dsn(dsn, connect_timeout=connect_timeout) as client:
-            applied = client.migrate()
-        if applied:
-            click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
-        else:
-            click.echo("schema is up to date; nothing to apply")
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        applied = client.migrate()
+    if applied:
+        click.echo(f"applied {len(applied)} migration(s): {', '.join(applied)}")
+    else:
+        click.echo("schema is up to date; nothing to apply")
 
 
 @main.command()
 @click.argument("app_path", metavar="MODULE:APP")
-@_dsn_option
+@click.option("--dsn", default=None, metavar="DSN", help="Postgres DSN [$PGQUEUE_DSN].")
 @click.option("--queue", "queues", multiple=True, help="Queue to consume (repeat); default: all.")
 @click.option("--concurrency", type=int, default=None, help="Handlers running at once [4].")
 @click.option("--batch", type=int, default=None, help="Messages per read [= concurrency].")
@@ -79,11 +51,12 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.
 
     Every option can also come from the environment as PGQUEUE_<OPTION>
-    (e.g. PGQUEUE_CONCURRENCY=8, PGQUEUE_QUEUES=a,b); flags win.
+    (e.g. PGQUEUE_CONCURRENCY=8, PGQUEUE_QUEUES=a,b); flags win. The full
+    list is in docs/cli.md.
     """
     from pgqueue.consumer import Worker, WorkerSettings, load_app
 
-    with _expected_errors():
+    with expected_errors():
         app = load_app(app_path)
         settings = WorkerSettings.from_env(queues=queues or None, **options)
         client = Client.from_dsn(dsn, max_size=settings.concurrency + 3)
@@ -99,22 +72,34 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
 
 
 @main.command()
-@_dsn_option
-def demo(dsn: str | None) -> None:
-    """Show the queue on the embedded Postgres (or --dsn / $PGQUEUE_DSN)."""
+@click.option("--dsn", default=None, metavar="DSN", help="Postgres DSN [$PGQUEUE_DSN].")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the barrier's callback.",
+)
+def demo(dsn: str | None, timeout: float) -> None:
+    """Show the whole idea in under a minute, on the embedded Postgres when no DSN is set.
+
+    Fans out 100 orders under a barrier, runs two consumers in this process;
+    one order always fails and is poison-dropped after max_attempts, the
+    barrier fires exactly once (succeeded=99 failed=1), and the poison table
+    is printed. It uses the queues demo_orders and demo_orders_done.
+    """
     from pgqueue.demo import run_demo
     from pgqueue.embedded import start_embedded
 
-    with _expected_errors():
+    if "PGQUEUE_LOG_LEVEL" not in os.environ:
+        setup_logging("ERROR")  # the demo narrates; worker logs would drown it
+    with expected_errors():
         resolved = resolve_dsn(dsn)
         if resolved is None:
             click.echo("no PGQUEUE_DSN set: starting the embedded Postgres ...")
             resolved = start_embedded()
-        with Client.from_dsn(resolved) as client:
+        with Client.from_dsn(resolved, max_size=4) as client:
             client.migrate()
-            run_demo(client, echo=click.echo)
-        click.echo("next: run the tests with `pytest -n auto`, or read README.md")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+            ok = run_demo(client, resolved, echo=click.echo, timeout=timeout)
+    if not ok:
+        sys.exit(1)
