@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from click.testing import CliRunner
@@ -109,3 +111,52 @@ def test_demo_with_no_dsn_runs_on_the_embedded_postgres(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "starting the embedded Postgres" in result.stdout
     assert "succeeded=99 failed=1" in result.stdout
+
+
+def pgqueue_cmd(*args: str, input: str | None = None, timeout: float = 60) -> Any:
+    """Run the installed command as a user would: a real process, real pipes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "pgqueue", *args],
+        input=input,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_operator_session_as_real_processes(dsn: str) -> None:
+    assert (
+        pgqueue_cmd("queue", "create", "jobs", "--max-attempts", "1", "--dsn", dsn).returncode == 0
+    )
+    lines = "".join(json.dumps({"n": n}) + "\n" for n in range(50))
+    sent = pgqueue_cmd("send", "jobs", "--dsn", dsn, input=lines)
+    assert (
+        sent.returncode == 0 and sent.stdout == "sent 50 messages to queue 'jobs' (msg_ids 1..50)\n"
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM pgqueue.read('jobs', 0, 50)")
+        conn.execute("SELECT count(*) FROM pgqueue.read('jobs', 30, 50)")  # poison drop
+    listed = pgqueue_cmd("poison", "list", "jobs", "--json", "--limit", "100", "--dsn", dsn)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(p["msg_id"] for p in json.loads(listed.stdout)) == list(range(1, 51))
+    refused = pgqueue_cmd("poison", "requeue", "jobs", "--all", "--dsn", dsn, input="")
+    assert refused.returncode == 1 and "nothing was changed" in refused.stderr
+    requeued = pgqueue_cmd("poison", "requeue", "jobs", "--all", "--yes", "--dsn", dsn)
+    assert requeued.returncode == 0 and requeued.stdout == "requeued 50 messages to queue 'jobs'\n"
+    with psycopg.connect(dsn) as conn:
+        live = conn.execute("SELECT count(*), max(read_ct) FROM pgqueue.message").fetchone()
+        poison = conn.execute("SELECT count(*) FROM pgqueue.poison").fetchone()
+    assert live == (50, 0) and poison == (0,)
+    bad = pgqueue_cmd("poison", "list", "--since", "yesterday", "--dsn", dsn)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_dsn_that_does_not_answer_fails_in_seconds_for_every_command() -> None:
+    dead = "postgresql://x@127.0.0.1:1/db"
+    for args in (["poison", "list"], ["send", "jobs", "{}"], ["barrier", "show", "b"]):
+        result = pgqueue_cmd(*args, "--dsn", dead, "--connect-timeout", "1", timeout=30)
+        assert result.returncode == 1, args
+        assert result.stderr.startswith("pgqueue: error: could not connect to x@127.0.0.1:1/db")
+        assert result.stderr.count("\n") == 1
