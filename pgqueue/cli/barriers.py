@@ -62,8 +62,10 @@ def barrier() -> None:
 
 
 @barrier.command("list")
-@click.option("--state", type=click.Choice(["open", "fired", "expired"]), default=None)
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option("--state", type=click.Choice(["open", "fired", "expired"]), help="Only this state.")
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows at most."
+)
 @json_option
 @connection_options
 def barrier_list(
@@ -108,7 +110,11 @@ def barrier_list(
 @barrier.command("show")
 @click.argument("barrier_id")
 @click.option(
-    "--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Failures."
+    "--limit",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="Failed members shown at most.",
 )
 @json_option
 @connection_options
@@ -176,7 +182,9 @@ def claims() -> None:
 
 
 @claims.command("list")
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows at most."
+)
 @json_option
 @connection_options
 def claims_list(limit: int, as_json: bool, dsn: str | None, connect_timeout: float) -> None:

@@ -79,7 +79,9 @@ def poison() -> None:
 
 @poison.command("list")
 @click.argument("queue_name", metavar="[QUEUE]", required=False)
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows at most."
+)
 @duration_option("--since", help="Only poisoned in the last …, e.g. 2h.")
 @click.option("--reason", default=None, help="Only reasons containing this text (any case).")
 @json_option

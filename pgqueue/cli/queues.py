@@ -257,7 +257,9 @@ def _send_all(
 
 @main.command()
 @click.argument("queue_name", metavar="QUEUE")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows at most."
+)
 @click.option("--after", type=click.IntRange(min=0), default=0, help="Start after this msg_id.")
 @json_option
 @connection_options
