@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import psycopg
@@ -416,3 +417,38 @@ def test_dsn_comes_from_the_environment(dsn: str, queue: str) -> None:
         env = {"PGQUEUE_DSN": "", "DATABASE_URL": "", var: dsn}
         result = CliRunner().invoke(main, ["queue", "list"], env=env)
         assert result.exit_code == 0 and queue in result.stdout, var
+
+
+def test_bulk_requeue_ends_while_consumers_keep_poisoning(
+    client: Client, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut-off taken at the start bounds the work: it ends, and it loses nothing."""
+    monkeypatch.setattr(poison_cli, "CHUNK", 5)
+    client.create_queue("jobs", max_attempts=1)
+    for msg_id in client.send_batch("jobs", [{"n": n} for n in range(40)]):
+        client.poison("jobs", msg_id, "seed")
+    stop = threading.Event()
+    poisoned_meanwhile = []
+
+    def consumer() -> None:
+        # Reads everything requeued and poisons it again, as a consumer of a
+        # still-broken queue would, plus fresh failures.
+        with Client.from_dsn(dsn, max_size=2) as own:
+            while not stop.is_set():
+                fresh = own.send("jobs", {"fresh": True})
+                own.poison("jobs", fresh, "fresh failure")
+                poisoned_meanwhile.append(fresh)
+                for msg in own.read("jobs", vt=30, qty=10):
+                    own.poison("jobs", msg.msg_id, "still broken")
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    try:
+        out = ok(cli(dsn, "poison", "requeue", "jobs", "--all", "--yes"))
+    finally:
+        stop.set()
+        t.join()
+    requeued = int(out.split()[1])
+    assert requeued >= 40
+    m = client.metrics("jobs")
+    assert m.queue_length + m.poison_length == 40 + len(poisoned_meanwhile)  # nothing lost
