@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import click
 
@@ -242,9 +244,23 @@ def _selection_options(func: Callable[..., None]) -> Callable[..., None]:
     return func
 
 
-@poison.command("requeue")
-@_selection_options
-def poison_requeue(
+@dataclass(frozen=True)
+class _Change:
+    """A change to poison messages: its words and how to apply it to ids (on conn, if given)."""
+
+    verb: str
+    past: str
+    act: Callable[[Client, str, list[int], Connection | None], int]
+
+
+_REQUEUE = _Change(
+    "requeue", "requeued", lambda c, q, ids, conn: len(c.poison_requeue(q, ids, conn=conn))
+)
+_PURGE = _Change("purge", "purged", lambda c, q, ids, conn: c.poison_purge(q, ids, conn=conn))
+
+
+def _change(
+    change: _Change,
     queue_name: str,
     msg_ids: tuple[int, ...],
     all_: bool,
@@ -254,86 +270,53 @@ def poison_requeue(
     yes: bool,
     dsn: str | None,
     connect_timeout: float,
-) -> None:
+) -> int:
+    """Apply the change to the selected messages, after confirmation; how many it changed."""
+    _selection(msg_ids, all_, since, older_than, reason)
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        if msg_ids:
+            n = plural(len(set(msg_ids)), "poison message")
+            confirm(f"{change.verb.capitalize()} {n} of queue {queue_name!r}?", yes)
+            return _explicit(
+                client,
+                queue_name,
+                msg_ids,
+                lambda ids, conn: change.act(client, queue_name, ids, conn),
+                change.past,
+            )
+        return _bulk(
+            client,
+            queue_name,
+            _window(server_now(client), since, older_than, reason),
+            change.verb,
+            change.past,
+            lambda ids: change.act(client, queue_name, ids, None),
+            yes,
+        )
+
+
+@poison.command("requeue")
+@_selection_options
+def poison_requeue(**selection: Any) -> None:
     """Put poison messages back in QUEUE with a fresh read count.
 
     Either the given MSG_IDs (all of them, or none if one is not there), or
     --all of them, narrowed by --since, --older-than and --reason, a chunk
     per transaction. Messages poisoned again while this runs are left alone.
     """
-    _selection(msg_ids, all_, since, older_than, reason)
-    with expected_errors(), open_client(dsn, connect_timeout) as client:
-        if msg_ids:
-            confirm(
-                f"Requeue {plural(len(set(msg_ids)), 'poison message')} of {queue_name!r}?", yes
-            )
-            done = _explicit(
-                client,
-                queue_name,
-                msg_ids,
-                lambda ids, conn: len(client.poison_requeue(queue_name, ids, conn=conn)),
-                "requeued",
-            )
-        else:
-            where = _window(server_now(client), since, older_than, reason)
-            done = _bulk(
-                client,
-                queue_name,
-                where,
-                "requeue",
-                "requeued",
-                lambda ids: len(client.poison_requeue(queue_name, ids)),
-                yes,
-            )
-            if done == 0:
-                return
-    click.echo(f"requeued {plural(done, 'message')} to queue {queue_name!r}")
+    if done := _change(_REQUEUE, **selection):
+        click.echo(f"requeued {plural(done, 'message')} to queue {selection['queue_name']!r}")
 
 
 @poison.command("purge")
 @_selection_options
-def poison_purge(
-    queue_name: str,
-    msg_ids: tuple[int, ...],
-    all_: bool,
-    since: timedelta | None,
-    older_than: timedelta | None,
-    reason: str | None,
-    yes: bool,
-    dsn: str | None,
-    connect_timeout: float,
-) -> None:
+def poison_purge(**selection: Any) -> None:
     """Delete poison messages of QUEUE for good.
 
     Either the given MSG_IDs (all of them, or none if one is not there), or
     --all of them, narrowed by --older-than, --since and --reason, a chunk
     per transaction. Messages poisoned after the command began are kept.
     """
-    _selection(msg_ids, all_, since, older_than, reason)
-    with expected_errors(), open_client(dsn, connect_timeout) as client:
-        if msg_ids:
-            confirm(
-                f"Delete {plural(len(set(msg_ids)), 'poison message')} of {queue_name!r} for good?",
-                yes,
-            )
-            done = _explicit(
-                client,
-                queue_name,
-                msg_ids,
-                lambda ids, conn: client.poison_purge(queue_name, ids, conn=conn),
-                "purged",
-            )
-        else:
-            where = _window(server_now(client), since, older_than, reason)
-            done = _bulk(
-                client,
-                queue_name,
-                where,
-                "purge",
-                "purged",
-                lambda ids: client.poison_purge(queue_name, ids),
-                yes,
-            )
-            if done == 0:
-                return
-    click.echo(f"purged {plural(done, 'poison message')} from queue {queue_name!r}")
+    if done := _change(_PURGE, **selection):
+        queue_name = selection["queue_name"]
+        click.echo(f"purged {plural(done, 'poison message')} from queue {queue_name!r}")
