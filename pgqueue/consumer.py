@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import queue as _local
 import random
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import FrameType
@@ -183,7 +183,6 @@ class _Task:
     handler: Handler
     started: float
     lease_until: float
-    future: Future[None] | None = None
     # Set when the runtime gave the message back (hard timeout, shutdown): the
     # handler's late outcome must then not be acked or nacked.
     abandoned: threading.Event = field(default_factory=threading.Event)
@@ -301,9 +300,17 @@ class Worker:
         self._forced = threading.Event()
         self._tasks: dict[tuple[str, int], _Task] = {}
         self._tasks_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.settings.concurrency, thread_name_prefix="pgqueue-handler"
-        )
+        # Handler threads pull tasks from a local queue: one put per message
+        # (measured: an executor submit and a wait over every future per
+        # completion cost more than the database did at a few thousand msg/s).
+        self._ready: _local.SimpleQueue[_Task | None] = _local.SimpleQueue()
+        self._slot = threading.Event()  # set whenever a task finishes
+        self._handlers = [
+            threading.Thread(target=self._handler_loop, name=f"pgqueue-handler-{i}", daemon=True)
+            for i in range(self.settings.concurrency)
+        ]
+        for t in self._handlers:
+            t.start()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_sweep = 0.0
         self._turn = 0
@@ -387,12 +394,16 @@ class Worker:
         s = self.settings
         started = 0
         # Up to `batch` messages wait locally beyond the `concurrency` running
-        # ones (their leases kept alive like the others'), so a read fetches a
-        # whole batch instead of the few slots that just freed.
+        # ones (their leases kept alive like the others'), and a read waits
+        # until half a batch has room, so reads fetch whole batches instead of
+        # the few slots that just freed.
         limit = s.concurrency + s.batch_size
         for i in range(len(s.queues)):
-            free = limit - self._in_flight()
-            if free <= 0 or self._stopping.is_set():
+            in_flight = self._in_flight()
+            free = limit - in_flight
+            if self._stopping.is_set() or free <= 0:
+                break
+            if in_flight > s.concurrency and free < max(1, s.batch_size // 2):
                 break
             queue = s.queues[(self._turn + i) % len(s.queues)]
             try:
@@ -411,13 +422,18 @@ class Worker:
     def _start(self, task: _Task) -> None:
         with self._tasks_lock:
             self._tasks[(task.msg.queue, task.msg.msg_id)] = task
-        task.future = self._executor.submit(self._process, task)
+        self._ready.put(task)
+
+    def _handler_loop(self) -> None:
+        while (task := self._ready.get()) is not None:
+            if not task.abandoned.is_set():  # given back before it started
+                self._process(task)
 
     def _wait_for_a_slot(self, timeout: float) -> None:
-        with self._tasks_lock:
-            futures = [t.future for t in self._tasks.values() if t.future is not None]
-        if futures:
-            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        # A wake-up lost between wait() and clear() costs one more pass of the
+        # loop, never a stall: the caller re-reads the task count first.
+        self._slot.wait(timeout)
+        self._slot.clear()
 
     def _heartbeat(self) -> None:
         """Extend the lease of every message whose handler has used up part of its vt."""
@@ -460,6 +476,7 @@ class Worker:
         task.abandoned.set()
         with self._tasks_lock:
             self._tasks.pop((task.msg.queue, task.msg.msg_id), None)
+        self._slot.set()
         self._quietly(
             "message.release_failed", self.client.set_vt, task.msg.queue, task.msg.msg_id, 0
         )
@@ -483,14 +500,13 @@ class Worker:
         msg, handler = task.msg, task.handler
         task.started = time.monotonic()  # the hard timeout counts from here
         task.running = True
-        mlog = self._msg_log(msg)
         try:
             if handler.transactional:
                 self._run_transactional(task)
             else:
                 result = self._call(handler, msg)
                 if task.abandoned.is_set():
-                    mlog.warning("message.late_result_ignored")
+                    self._msg_log(msg).warning("message.late_result_ignored")
                     return
                 # Its slot frees now; the acker acks it within milliseconds.
                 self._acker.add(task, result)
@@ -502,13 +518,13 @@ class Worker:
                 self._quietly(
                     "message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason
                 )
-                mlog.warning("message.poisoned", reason=reason)
+                self._msg_log(msg).warning("message.poisoned", reason=reason)
         except Exception as exc:
             # The user's handler failed (any exception is its business, not
             # ours): the message goes back with a backoff; after max_attempts
             # reads the queue itself poison-drops it.
             if not task.abandoned.is_set():
-                self._nack(task, exc, mlog)
+                self._nack(task, exc, self._msg_log(msg))
         finally:
             self._forget(task)
 
@@ -516,6 +532,7 @@ class Worker:
         with self._tasks_lock:
             if self._tasks.get((task.msg.queue, task.msg.msg_id)) is task:
                 del self._tasks[(task.msg.queue, task.msg.msg_id)]
+        self._slot.set()
 
     def _done(self, task: _Task) -> None:
         self.handled += 1
@@ -623,7 +640,8 @@ class Worker:
         for task in unfinished:
             self._give_back(task)
         self._acker.stop()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for _ in self._handlers:
+            self._ready.put(None)  # threads stuck in a hung handler are daemons: not waited for
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self.log.info("worker.stopped", handled=self.handled, released=len(unfinished))

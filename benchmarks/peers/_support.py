@@ -1,0 +1,133 @@
+"""What the peer adapters share: timing worker processes draining a queue, a scratch database."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POLL_EVERY = 0.02  # seconds between "is the queue drained?" checks
+READY_TIMEOUT = 60.0  # seconds for the first worker process to say "ready"
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+def split(n: int, parts: int) -> list[int]:
+    """n as `parts` near-equal shares (the first ones one bigger)."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def time_drain(dsn: str, module: str, args: list[str], processes: int, done_sql: str) -> float:
+    """Seconds from the first worker process printing "ready" until `done_sql` returns true.
+
+    Starts `processes` copies of `python -m module *args`, polls `done_sql` every
+    POLL_EVERY seconds, then stops them all (SIGTERM, SIGKILL after STOP_GRACE).
+    """
+    first_ready = threading.Event()
+    ready_at: list[float] = []
+    lock = threading.Lock()
+    procs: list[subprocess.Popen[str]] = []
+    readers: list[threading.Thread] = []
+
+    def read(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # keep draining to EOF so the pipe never fills
+            if line.strip() == "ready":
+                with lock:
+                    ready_at.append(time.monotonic())
+                first_ready.set()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            for _ in range(processes):
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    cwd=REPO_ROOT,
+                    stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                )
+                procs.append(proc)
+                reader = threading.Thread(target=read, args=(proc,), daemon=True)
+                reader.start()
+                readers.append(reader)
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not first_ready.wait(POLL_EVERY):
+                _check_alive(procs)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {module} process said ready in {READY_TIMEOUT} s")
+            with lock:
+                began = ready_at[0]
+            while True:
+                row = conn.execute(done_sql).fetchone()
+                if row is not None and row[0]:
+                    ended = time.monotonic()
+                    break
+                _check_alive(procs)
+                time.sleep(POLL_EVERY)
+        finally:
+            stop(procs)
+            for reader in readers:
+                reader.join(STOP_GRACE)
+    return ended - began
+
+
+def _check_alive(procs: list[subprocess.Popen[str]]) -> None:
+    """Raise if any worker process has exited."""
+    for proc in procs:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker process {proc.pid} exited early with {proc.returncode}")
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM every process, SIGKILL those still alive after STOP_GRACE, reap them all."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def with_db(dsn: str, db: str) -> str:
+    """The same server, another database."""
+    params: dict[str, Any] = conninfo_to_dict(dsn)
+    params["dbname"] = db
+    return make_conninfo("", **params)
+
+
+@contextmanager
+def scratch_database(dsn: str, prefix: str) -> Iterator[str]:
+    """A fresh empty database on the server of `dsn`, dropped afterwards; its DSN."""
+    db = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {db}")
+    try:
+        yield with_db(dsn, db)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def summary(xs: list[float]) -> str:
+    """p50 / p99 / max of a latency sample, or a note that there is none."""
+    if not xs:
+        return "n/a"
+    s = sorted(xs)
+    p50 = s[len(s) // 2]
+    p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
+    return f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {s[-1]:.1f} ms (n={len(s)})"
