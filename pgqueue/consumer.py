@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -185,7 +185,7 @@ class _Task:
     lease_until: float
     # Set when the runtime gave the message back (hard timeout, shutdown): the
     # handler's late outcome must then not be acked or nacked.
-    abandoned: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False  # set once, by one thread; read by the handler thread
     running: bool = False  # its handler has started (it may have waited for a slot)
 
 
@@ -426,7 +426,7 @@ class Worker:
 
     def _handler_loop(self) -> None:
         while (task := self._ready.get()) is not None:
-            if not task.abandoned.is_set():  # given back before it started
+            if not task.abandoned:  # given back before it started
                 self._process(task)
 
     def _wait_for_a_slot(self, timeout: float) -> None:
@@ -473,7 +473,7 @@ class Worker:
 
     def _give_back(self, task: _Task) -> None:
         """Make the message visible to other consumers now; ignore the handler's late outcome."""
-        task.abandoned.set()
+        task.abandoned = True
         with self._tasks_lock:
             self._tasks.pop((task.msg.queue, task.msg.msg_id), None)
         self._slot.set()
@@ -505,7 +505,7 @@ class Worker:
                 self._run_transactional(task)
             else:
                 result = self._call(handler, msg)
-                if task.abandoned.is_set():
+                if task.abandoned:
                     self._msg_log(msg).warning("message.late_result_ignored")
                     return
                 # Its slot frees now; the acker acks it within milliseconds.
@@ -513,7 +513,7 @@ class Worker:
                 return
             self._done(task)
         except Poison as exc:
-            if not task.abandoned.is_set():
+            if not task.abandoned:
                 reason = str(exc) or "poisoned by its handler"
                 self._quietly(
                     "message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason
@@ -523,7 +523,7 @@ class Worker:
             # The user's handler failed (any exception is its business, not
             # ours): the message goes back with a backoff; after max_attempts
             # reads the queue itself poison-drops it.
-            if not task.abandoned.is_set():
+            if not task.abandoned:
                 self._nack(task, exc, self._msg_log(msg))
         finally:
             self._forget(task)
@@ -595,7 +595,7 @@ class Worker:
         # message is simply delivered again after its vt.
         with self.client.pool.connection() as conn, conn.transaction():
             result = task.handler.func(task.msg, conn)
-            if task.abandoned.is_set():
+            if task.abandoned:
                 raise Retry("abandoned by the runtime")
             self._ack(task.msg, result, conn)
 
