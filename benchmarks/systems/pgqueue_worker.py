@@ -1,0 +1,40 @@
+"""A pgqueue worker process with a no-op handler, for the drain benchmark.
+
+python -m benchmarks.systems.pgqueue_worker DSN [--concurrency N] [--batch N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pgqueue import App, Client, Message, Worker, WorkerSettings
+from pgqueue.log import configure_logging
+
+app = App()
+
+
+@app.handler("bench")
+def noop(msg: Message) -> None:
+    """Do nothing: the benchmark measures the queue, not the work."""
+
+
+def main() -> None:
+    """Run the worker until SIGTERM, after saying "ready" on stdout."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dsn")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=100)
+    args = ap.parse_args()
+    configure_logging(json=True, level="WARNING")
+    settings = WorkerSettings(concurrency=args.concurrency, batch=args.batch, poll_interval=0.1)
+    client = Client.from_dsn(args.dsn, max_size=settings.concurrency + 3)
+    client.metrics("bench")  # connected before the clock starts
+    print("ready", flush=True)
+    code = Worker(app, client, settings).run()
+    client.close()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
