@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pgqueue.calls import Call, Row, encode_json, encode_json_list, scalar
+from pgqueue.calls import JSONB_ELEMENTS, Call, Row, encode_json, encode_json_list, scalar
 
 # Header keys pgqueue writes; a callback handler reads them off Message.headers.
 TRANSPORT_MARKER = "_pg_transport"
@@ -81,7 +81,7 @@ def fan_out(
         barrier_id = str(uuid.uuid4())
     return Call(
         "fan_out",
-        "SELECT pgqueue.fan_out(%s, %s::jsonb[], %s, %s::jsonb, %s, %s::jsonb, %s)",
+        f"SELECT pgqueue.fan_out(%s, {JSONB_ELEMENTS}, %s, %s::jsonb, %s, %s::jsonb, %s)",
         (
             queue,
             encode_json_list(messages, "messages"),
@@ -104,12 +104,13 @@ def complete_members(
     """Ack members and count each once; the state of every barrier they belong to."""
     return Call(
         "complete_members",
-        "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[], %s::jsonb[])",
+        "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[],"
+        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'})",
         (
             queue,
             list(msg_ids),
             None if outcomes is None else list(outcomes),
-            None if results is None else encode_json_list(results, "results"),
+            *(() if results is None else (encode_json_list(results, "results"),)),
         ),
         _statuses,
     )

@@ -63,11 +63,23 @@ def encode_json(value: Any, what: str) -> str:
     return text
 
 
-def encode_json_list(values: Sequence[Any], what: str) -> list[str]:
-    """Serialize each element of a list of JSON values, naming the bad one on error."""
-    return [encode_json(v, f"{what}[{i}]") for i, v in enumerate(values)]
+def encode_json_list(values: Sequence[Any], what: str) -> str:
+    """Serialize a list of JSON values as one JSON array, naming the bad element on error.
+
+    One document rather than a Postgres array of documents: psycopg escapes
+    every element of a text array in Python (measured: 25 us a message, more
+    than the insert); the SQL side unpacks it with JSONB_ELEMENTS.
+    """
+    try:
+        return encode_json(list(values), what)
+    except InvalidMessage:
+        for i, v in enumerate(values):
+            encode_json(v, f"{what}[{i}]")  # raises, naming the element
+        raise
 
 
-def encode_optional_json_list(values: Sequence[Any], what: str) -> list[str | None]:
-    """Like encode_json_list, but None stays SQL NULL (e.g. a message without headers)."""
-    return [None if v is None else encode_json(v, f"{what}[{i}]") for i, v in enumerate(values)]
+# A jsonb[] from a JSON array parameter, in order; JSON nulls become SQL NULLs
+# only where the SQL asks for it (headers: "no headers" is NULL).
+_ELEMENTS = "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e (v, i) ORDER BY e.i)"
+JSONB_ELEMENTS = f"ARRAY(SELECT e.v {_ELEMENTS}"
+JSONB_ELEMENTS_NULLABLE = f"ARRAY(SELECT nullif(e.v, 'null'::jsonb) {_ELEMENTS}"

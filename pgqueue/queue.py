@@ -9,15 +9,17 @@ from datetime import datetime
 from typing import Any
 
 from pgqueue.calls import (
+    JSONB_ELEMENTS,
+    JSONB_ELEMENTS_NULLABLE,
     Call,
     Row,
     column,
     encode_json,
     encode_json_list,
-    encode_optional_json_list,
     nothing,
     scalar,
 )
+from pgqueue.errors import InvalidArgument
 
 JSON = Any
 
@@ -180,13 +182,19 @@ def send_batch(
     delay: int = 0,
 ) -> Call[list[int]]:
     """Enqueue many messages in one statement; their ids in input order."""
+    if headers is not None and len(headers) != len(messages):
+        raise InvalidArgument(
+            f"headers has {len(headers)} elements but messages has {len(messages)};"
+            " pass one headers value per message, or None for none"
+        )
+    headers_sql = "NULL::jsonb[]" if headers is None else JSONB_ELEMENTS_NULLABLE
     return Call(
         "send_batch",
-        "SELECT * FROM pgqueue.send_batch(%s, %s::jsonb[], %s::jsonb[], %s)",
+        f"SELECT * FROM pgqueue.send_batch(%s, {JSONB_ELEMENTS}, {headers_sql}, %s)",
         (
             queue,
             encode_json_list(messages, "messages"),
-            None if headers is None else encode_optional_json_list(headers, "headers"),
+            *(() if headers is None else (encode_json_list(headers, "headers"),)),
             delay,
         ),
         column,
