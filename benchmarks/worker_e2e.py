@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import threading
 import time
@@ -76,7 +77,8 @@ def latency(dsn: str, listen: bool, samples: int) -> list[float]:
         t.start()
         out = []
         for _ in range(samples):
-            time.sleep(0.3)  # let the worker go idle (and register for NOTIFY)
+            # idle first (and registered for NOTIFY); jittered, so a poll loop cannot phase-lock
+            time.sleep(random.uniform(0.25, 0.45))
             arrived.clear()
             msg_id = client.send("lat", {})
             sent = time.monotonic()

@@ -8,6 +8,7 @@ with one call, the way PGMQ's docs use read and delete.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from importlib.resources import files
@@ -126,7 +127,7 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for _ in range(samples):
-                time.sleep(0.3)
+                time.sleep(random.uniform(0.25, 0.45))  # jittered: no phase lock with a poll
                 arrived.clear()
                 row = conn.execute("SELECT pgmq.send(%s, '{}'::jsonb)", (QUEUE,)).fetchone()
                 sent = time.monotonic()
