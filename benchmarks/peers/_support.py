@@ -82,6 +82,13 @@ def time_drain(dsn: str, module: str, args: list[str], processes: int, done_sql:
     return ended - began
 
 
+def vacuum_analyze(dsn: str, *tables: str) -> None:
+    """VACUUM ANALYZE freshly filled tables, so plans see their real size (as autovacuum would)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in tables:
+            conn.execute(f"VACUUM ANALYZE {table}")
+
+
 def _check_alive(procs: list[subprocess.Popen[str]]) -> None:
     """Raise if any worker process has exited."""
     for proc in procs:

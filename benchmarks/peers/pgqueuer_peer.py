@@ -1,11 +1,12 @@
 """PgQueuer (PyPI `pgqueuer`) measured the way the benchmarks measure pgqueue.
 
-Driver: asyncpg (`AsyncpgDriver`, one connection per client or worker), the driver
-PgQueuer's own CLI (`pgq install`, `pgq run`) picks first and its benchmark tool's
-default. Set PGQUEUER_PEER_DRIVER=psycopg to use its `PsycopgDriver` over a psycopg 3
-AsyncConnection instead; on PgQueuer 1.6 that driver's NOTIFY watcher holds the
-connection lock while it waits (up to 1 s) for a notification, so queries on the
-same connection stall behind it and a drain runs much slower.
+Driver: asyncpg (`AsyncpgDriver`, one connection per client or worker; install it
+with `pip install 'pgqueuer[asyncpg]'`), the driver PgQueuer's own CLI (`pgq install`,
+`pgq run`) tries first and its benchmark tool's default. Without asyncpg, or with
+PGQUEUER_PEER_DRIVER=psycopg, its `PsycopgDriver` over a psycopg 3 AsyncConnection is
+used instead. That one is slower here (drains ~30-40% slower, latency ~1.5 ms
+higher): on PgQueuer 1.6 its NOTIFY watcher holds the connection lock while it waits
+(up to 1 s) for a notification, so the worker's queries queue behind it.
 Event loop: uvloop, as `pgq run` uses (uvloop is a dependency of pgqueuer on Linux).
 
 Polling-only latency is not measured: `latency(..., listen=False)` returns []. The
@@ -17,7 +18,9 @@ wait between dequeues when no notification arrives).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -34,16 +37,21 @@ from benchmarks.peers import _support
 
 NAME = "PgQueuer"
 ENTRYPOINT = "noop"
-DRIVER = os.environ.get("PGQUEUER_PEER_DRIVER", "asyncpg")  # "asyncpg" or "psycopg"
+# "asyncpg" or "psycopg"; asyncpg when it is installed, unless the environment says.
+DRIVER = os.environ.get("PGQUEUER_PEER_DRIVER") or (
+    "asyncpg" if importlib.util.find_spec("asyncpg") else "psycopg"
+)
 PRELOAD_BATCH = 1000  # messages per enqueue call when filling the queue for drain
 
 # Worker settings for drain (passed to `pgqueuer.run`, the Python form of `pgq run`).
-# batch_size 100: the dequeue batch, which also sizes the completion-log buffer
-# (one DELETE ... INSERT INTO pgqueuer_log per `batch_size` jobs); the default of 10
-# costs ~10 statements per 100 jobs instead of ~2. max_concurrent_tasks unset
-# (unlimited, the default): a cap adds worker-budget CTEs to every dequeue and a
-# no-op handler never piles up. Defaults elsewhere (durable tables, 30 s heartbeat).
-WORKER_BATCH_SIZE = 100
+# batch_size 500: the dequeue batch, which also sizes the completion-log buffer (one
+# DELETE ... INSERT INTO pgqueuer_log per `batch_size` jobs or per 0.1 s). Measured
+# here (20,000 jobs, 3 interleaved runs, noisy 2-CPU box): the default 10 drains at
+# ~2,000/s, 100 at ~4,000-7,000/s, 250-1000 at ~6,000-8,000/s with no clear winner.
+# max_concurrent_tasks unset (unlimited, the default): a cap adds worker-budget CTEs
+# to every dequeue and was no faster. Everything else default (durable tables,
+# 30 s heartbeat, 30 s dequeue_timeout).
+WORKER_BATCH_SIZE = 500
 WORKER_MAX_CONCURRENT_TASKS: int | None = None
 
 T = TypeVar("T")
@@ -79,7 +87,7 @@ async def driver(dsn: str) -> AsyncIterator[Driver]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             yield Queries.from_psycopg_connection(conn).driver
     elif DRIVER == "asyncpg":
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
 
         conn = await asyncpg.connect(**_asyncpg_params(dsn))
         try:
@@ -144,9 +152,7 @@ async def _enqueue_batches(queries: Queries, n: int, batch: int) -> None:
     """Enqueue n messages in calls of `batch`."""
     for start in range(0, n, batch):
         k = min(batch, n - start)
-        await queries.enqueue(
-            [ENTRYPOINT] * k, [_payload(start + i) for i in range(k)], [0] * k
-        )
+        await queries.enqueue([ENTRYPOINT] * k, [_payload(start + i) for i in range(k)], [0] * k)
 
 
 def enqueue_batch(dsn: str, n: int, batch: int = 100) -> float:
@@ -168,14 +174,14 @@ DONE_SQL = "SELECT NOT EXISTS (SELECT 1 FROM pgqueuer)"
 def drain(dsn: str, n: int, processes: int) -> float:
     """Messages per second for `processes` worker processes emptying a queue of n no-op jobs."""
 
+    reset(dsn)
+
     async def preload() -> None:
         async with driver(dsn) as drv:
-            queries = Queries(drv)
-            await queries.clear_queue()
-            await queries.clear_queue_log()
-            await _enqueue_batches(queries, n, PRELOAD_BATCH)
+            await _enqueue_batches(Queries(drv), n, PRELOAD_BATCH)
 
     _run(preload())
+    _support.vacuum_analyze(dsn, "pgqueuer", "pgqueuer_log")
     args = [dsn, "--driver", DRIVER, "--batch-size", str(WORKER_BATCH_SIZE)]
     if WORKER_MAX_CONCURRENT_TASKS:
         args += ["--max-concurrent-tasks", str(WORKER_MAX_CONCURRENT_TASKS)]
@@ -196,7 +202,7 @@ def drain(dsn: str, n: int, processes: int) -> float:
 
 
 def latency(dsn: str, samples: int, listen: bool) -> list[float]:
-    """Milliseconds from enqueue returning to the handler starting, for an idle in-process worker."""
+    """Milliseconds from enqueue returning to the handler starting, idle in-process worker."""
     if not listen:
         return []  # see the module docstring: PgQueuer always listens
 
@@ -226,7 +232,7 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
                 await one()  # warm-up: the worker is running and listening
                 out = []
                 for _ in range(samples):
-                    await asyncio.sleep(0.3)  # let the worker go idle
+                    await asyncio.sleep(random.uniform(0.25, 0.45))  # idle; jittered vs polls
                     out.append(await one())
             finally:
                 pgq.shutdown.set()
@@ -236,15 +242,16 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
     return _run(go())
 
 
-if __name__ == "__main__":
-    with _support.scratch_database(
-        os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test"), "bench_peer_pgqueuer"
-    ) as target:
-        print(f"{NAME}, driver {DRIVER}")
+def _self_check() -> None:
+    """Run every function once, small, on a scratch database, and print the figures."""
+    admin = os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
+    with _support.scratch_database(admin, "bench_peer_pgqueuer") as target:
+        print(f"{NAME}, driver {DRIVER}, worker batch_size {WORKER_BATCH_SIZE}")
         install(target)
         for conns in (1, 4):
             reset(target)
-            print(f"enqueue_single n=2000 conns={conns}: {enqueue_single(target, 2000, conns):,.0f}/s")
+            rate = enqueue_single(target, 2000, conns)
+            print(f"enqueue_single n=2000 conns={conns}: {rate:,.0f}/s")
         reset(target)
         print(f"enqueue_batch n=2000 batch=100: {enqueue_batch(target, 2000, 100):,.0f}/s")
         for processes in (1, 2):
@@ -252,5 +259,8 @@ if __name__ == "__main__":
             print(f"drain n=2000 processes={processes}: {drain(target, 2000, processes):,.0f}/s")
         for listen in (True, False):
             reset(target)
-            lat = latency(target, 5, listen)
-            print(f"latency listen={listen}: {_support.summary(lat)}")
+            print(f"latency listen={listen}: {_support.summary(latency(target, 5, listen))}")
+
+
+if __name__ == "__main__":
+    _self_check()

@@ -13,11 +13,14 @@ worker just does not listen).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import time
 
 import psycopg
 from procrastinate import App, PsycopgConnector
+from procrastinate.types import JSONDict
 
 from benchmarks.peers import _support
 
@@ -28,14 +31,16 @@ PRELOAD_BATCH = 1000  # jobs per batch_defer call when filling the queue for dra
 POLL_INTERVAL = 1.0  # seconds, polling-only latency (pgqueue's worker_e2e polls every 1 s)
 
 # Worker settings for drain (`App.run_worker_async` options, as `procrastinate worker`
-# takes them). A worker fetches one job per query (there is no batch fetch), so its
-# throughput lever is `concurrency`: that many async jobs in flight, each needing a
-# pool connection to finish. 20 with a pool of concurrency + 2 (the fetch loop, the
-# heartbeat and abort polling; the LISTEN connection is separate) was the best of 10,
-# 20, 50 here. delete_jobs="successful" deletes a job on completion instead of
-# keeping it with status 'succeeded' (docs: howto/production/delete_finished_jobs);
-# it keeps the job table from growing, as pgqueue's delete-on-ack does.
-WORKER_CONCURRENCY = 20
+# takes them). A worker fetches one job per query (there is no batch fetch) in one
+# loop, so its only throughput lever is `concurrency`: that many async jobs in
+# flight, each finishing on its own pool connection. Measured here (5,000 jobs, noisy
+# 2-CPU box): 1 -> 130-290/s, 5 -> 85-385/s, 10 -> 225-387/s, 20 -> 215-220/s,
+# 50 -> 150-200/s, so 10, with a pool of concurrency + 2 (the fetch loop, heartbeat
+# and abort polling; LISTEN has its own connection). delete_jobs="successful"
+# deletes a job on completion instead of keeping it as 'succeeded' (docs:
+# howto/production/delete_finished_jobs), as pgqueue deletes on ack; "never" (the
+# default) was no faster.
+WORKER_CONCURRENCY = 10
 WORKER_DELETE_JOBS = "successful"
 
 
@@ -93,7 +98,8 @@ async def _defer_batches(app: App, n: int, batch: int) -> None:
     """Defer n jobs in batch_defer calls of `batch`."""
     task = app.tasks[TASK]
     for start in range(0, n, batch):
-        await task.batch_defer_async(*({"n": i} for i in range(start, min(start + batch, n))))
+        kwargs: list[JSONDict] = [{"n": i} for i in range(start, min(start + batch, n))]
+        await task.batch_defer_async(*kwargs)
 
 
 def enqueue_batch(dsn: str, n: int, batch: int = 100) -> float:
@@ -109,9 +115,7 @@ def enqueue_batch(dsn: str, n: int, batch: int = 100) -> float:
     return asyncio.run(go())
 
 
-DONE_SQL = (
-    "SELECT NOT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
-)
+DONE_SQL = "SELECT NOT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
 
 
 def drain(dsn: str, n: int, processes: int) -> float:
@@ -124,6 +128,7 @@ def drain(dsn: str, n: int, processes: int) -> float:
             await _defer_batches(app, n, PRELOAD_BATCH)
 
     asyncio.run(preload())
+    _support.vacuum_analyze(dsn, "procrastinate_jobs", "procrastinate_events")
     args = [
         dsn,
         "--concurrency",
@@ -180,29 +185,27 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
                 await one(-1)  # warm-up: the worker is running (and listening)
                 out = []
                 for k in range(samples):
-                    await asyncio.sleep(0.3)  # let the worker go idle
+                    await asyncio.sleep(random.uniform(0.25, 0.45))  # idle; jittered vs polls
                     out.append(await one(k))
             finally:
                 worker.cancel()  # procrastinate's documented way: a graceful stop
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait_for(worker, 10)
-                except asyncio.CancelledError:
-                    pass
         return out
 
     return asyncio.run(go())
 
 
-if __name__ == "__main__":
-    with _support.scratch_database(
-        os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test"),
-        "bench_peer_procrastinate",
-    ) as target:
-        print(NAME)
+def _self_check() -> None:
+    """Run every function once, small, on a scratch database, and print the figures."""
+    admin = os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
+    with _support.scratch_database(admin, "bench_peer_procrastinate") as target:
+        print(f"{NAME}, worker concurrency {WORKER_CONCURRENCY}, delete_jobs {WORKER_DELETE_JOBS}")
         install(target)
         for conns in (1, 4):
             reset(target)
-            print(f"enqueue_single n=2000 conns={conns}: {enqueue_single(target, 2000, conns):,.0f}/s")
+            rate = enqueue_single(target, 2000, conns)
+            print(f"enqueue_single n=2000 conns={conns}: {rate:,.0f}/s")
         reset(target)
         print(f"enqueue_batch n=2000 batch=100: {enqueue_batch(target, 2000, 100):,.0f}/s")
         for processes in (1, 2):
@@ -210,5 +213,11 @@ if __name__ == "__main__":
             print(f"drain n=2000 processes={processes}: {drain(target, 2000, processes):,.0f}/s")
         for listen in (True, False):
             reset(target)
-            lat = latency(target, 5, listen)
-            print(f"latency listen={listen}: {_support.summary(lat)}")
+            print(f"latency listen={listen}: {_support.summary(latency(target, 5, listen))}")
+
+
+if __name__ == "__main__":
+    # Through the package, not __main__: procrastinate warns about apps made in __main__.
+    from benchmarks.peers import procrastinate_peer
+
+    procrastinate_peer._self_check()

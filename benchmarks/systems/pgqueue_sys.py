@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
+
 from benchmarks.peers import _support
 from benchmarks.worker_e2e import latency as _latency
 from pgqueue import Client
@@ -64,12 +66,14 @@ def enqueue_batch(dsn: str, n: int, batch: int = 100) -> float:
 
 
 def preload(dsn: str, n: int) -> None:
-    """Fill the queue with n no-op messages."""
+    """Fill the queue with n no-op messages, then VACUUM ANALYZE (as every adapter does)."""
     with Client.from_dsn(dsn, max_size=1) as client:
         for start in range(0, n, PRELOAD_BATCH):
             client.send_batch(
                 QUEUE, [{"n": i} for i in range(start, min(n, start + PRELOAD_BATCH))]
             )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE pgqueue.message")
 
 
 def drain(dsn: str, n: int, processes: int) -> float:

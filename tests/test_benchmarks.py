@@ -1,0 +1,53 @@
+"""The benchmark suite's smoke run: every system and scenario still runs end to end.
+
+It asserts no timing (the machines are shared and noisy); it keeps the
+benchmarks from rotting and checks that they measure what they say.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import LOCAL_DSN, _answers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not _answers(LOCAL_DSN), reason="needs the local server (pgbench beside it)")
+def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
+    out = tmp_path / "suite.md"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--smoke",
+            "--dsn",
+            LOCAL_DSN,
+            "--out",
+            str(out),
+            "--only",
+            "sql,enqueue,e2e,latency,barrier,growth",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = out.read_text()
+    for section in (
+        "## 0.",
+        "## 1. Enqueue",
+        "## 2. End to end",
+        "## 3. Latency",
+        "## 4.",
+        "## 5.",
+    ):
+        assert section in text
+    for system in ("pgqueue", "PGMQ", "PgQueuer", "Procrastinate"):
+        assert f"{system} msg/s" in text, system
+    assert "failed" not in text, text
