@@ -152,7 +152,24 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(GROUPS), help=f"comma list of {GROUPS}")
     ap.add_argument("--smoke", action="store_true", help="tiny and quick, for CI")
     ap.add_argument("--out", default=None, help="results file [benchmarks/results/suite.md]")
+    ap.add_argument(
+        "--private",
+        action="store_true",
+        help="run on a fresh cluster with Postgres' stock settings (initdb), not on --dsn",
+    )
     args = ap.parse_args()
+    if args.private:
+        from benchmarks.server import private_server
+
+        with private_server() as dsn:
+            args.dsn = dsn
+            run_suite(args, ap)
+    else:
+        run_suite(args, ap)
+
+
+def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """Run the selected groups against args.dsn and print/write the tables."""
     groups = [g.strip() for g in args.only.split(",") if g.strip()]
     unknown = set(groups) - set(GROUPS)
     if unknown:
