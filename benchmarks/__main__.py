@@ -246,7 +246,7 @@ def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
         for cm in stack:
             cm.__exit__(None, None, None)
     if "barrier" in groups:
-        out += barrier_section(args.dsn, runs, n(10_000))
+        out += barrier_section(args.dsn, runs, 200 if args.smoke else 10_000)
     if "growth" in groups:
         out += growth.run(args.dsn, scale, args.smoke)
     if "mvcc" in groups:
