@@ -61,30 +61,18 @@ def run(dsn: str, scale: float, smoke: bool) -> list[str]:
     ):
         conn.execute("SELECT pgqueue.create_queue('bench')")
 
-        def measure() -> dict[str, list[float]]:
-            got: dict[str, list[float]] = {}
-            for _ in range(runs):
-                conn.execute("CHECKPOINT")
-                got.setdefault("send", []).append(
-                    pgbench(target, SEND, Scenario("send", "send", 1, 1, send_txns))
-                )
-                for name, script in ACKS:
-                    _preload(conn, batch_txns * 100 + 1000)
-                    sc = Scenario(name, "read_delete", 1, 100, batch_txns)
-                    got.setdefault(name, []).append(pgbench(target, script, sc))
-                conn.execute("SELECT pgqueue.purge_queue('bench')")
-                conn.execute("VACUUM ANALYZE pgqueue.message")
-            return got
+        def measure(keep: bool) -> dict[str, list[float]]:
+            return _measure(conn, target, runs, send_txns, batch_txns, keep)
 
         for level in levels:
             began = time.monotonic()
             _fill_archive(conn, level)
             took = time.monotonic() - began
             print(f"  growth: {level:,} archived rows ({took:.0f} s to fill)")
-            rows.append((f"{level:,} archived rows", measure()))
+            rows.append((f"{level:,} archived rows", measure(keep=False)))
         _preload(conn, waiting)
         label = f"{levels[-1]:,} archived + {waiting:,} visible waiting"
-        rows.append((label, _measure_with_waiting(conn, target, runs, send_txns, batch_txns)))
+        rows.append((label, measure(keep=True)))
     base = rows[0][1]
     lines = [
         "## 5. Cost growth (messages/s, pgbench, 1 connection; pgqueue only)",
@@ -104,10 +92,15 @@ def run(dsn: str, scale: float, smoke: bool) -> list[str]:
     return [*lines, ""]
 
 
-def _measure_with_waiting(
-    conn: psycopg.Connection[object], target: str, runs: int, send_txns: int, batch_txns: int
+def _measure(
+    conn: psycopg.Connection[object],
+    target: str,
+    runs: int,
+    send_txns: int,
+    batch_txns: int,
+    keep: bool,
 ) -> dict[str, list[float]]:
-    """Like the other levels, but the queue keeps its waiting messages throughout."""
+    """Send, then read+ack each way, `runs` times; keep: leave what waits in the queue."""
     got: dict[str, list[float]] = {}
     for _ in range(runs):
         conn.execute("CHECKPOINT")
@@ -119,4 +112,7 @@ def _measure_with_waiting(
             _preload(conn, batch_txns * 100 + 1000)
             sc = Scenario(name, "read_delete", 1, 100, batch_txns)
             got.setdefault(name, []).append(pgbench(target, script, sc))
+        if not keep:
+            conn.execute("SELECT pgqueue.purge_queue('bench')")
+            conn.execute("VACUUM ANALYZE pgqueue.message")
     return got

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,24 @@ STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 def split(n: int, parts: int) -> list[int]:
     """n as `parts` near-equal shares (the first ones one bigger)."""
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def timed_threads(shares: list[int], work: Callable[[int], None]) -> float:
+    """Seconds for one thread per share running work(share), all started together."""
+    go = threading.Barrier(len(shares) + 1)
+
+    def run(k: int) -> None:
+        go.wait()
+        work(k)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in shares]
+    for t in threads:
+        t.start()
+    go.wait()
+    began = time.monotonic()
+    for t in threads:
+        t.join()
+    return time.monotonic() - began
 
 
 def time_drain(dsn: str, module: str, args: list[str], processes: int, done_sql: str) -> float:

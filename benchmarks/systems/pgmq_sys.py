@@ -38,22 +38,18 @@ def reset(dsn: str) -> None:
 
 def enqueue_single(dsn: str, n: int, conns: int) -> float:
     """Messages/s for n pgmq.send calls over conns connections."""
-    go = threading.Barrier(conns + 1)
+    shares = _support.split(n, conns)
+    links = [psycopg.connect(dsn, autocommit=True, prepare_threshold=0) for _ in shares]
 
-    def sender(k: int) -> None:
-        with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
-            go.wait()
-            for i in range(k):
-                conn.execute("SELECT pgmq.send(%s, %s::jsonb)", (QUEUE, json.dumps({"n": i})))
+    def sender(index: int) -> None:
+        for i in range(shares[index]):
+            links[index].execute("SELECT pgmq.send(%s, %s::jsonb)", (QUEUE, json.dumps({"n": i})))
 
-    threads = [threading.Thread(target=sender, args=(k,)) for k in _support.split(n, conns)]
-    for t in threads:
-        t.start()
-    go.wait()
-    began = time.monotonic()
-    for t in threads:
-        t.join()
-    return n / (time.monotonic() - began)
+    try:
+        return n / _support.timed_threads(list(range(len(shares))), sender)
+    finally:
+        for link in links:
+            link.close()
 
 
 def _send_batch(conn: psycopg.Connection[object], start: int, stop: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import psycopg
@@ -37,22 +36,12 @@ def enqueue_single(dsn: str, n: int, conns: int) -> float:
     """Messages/s for n single sends (one transaction each) over conns threads."""
     with Client.from_dsn(dsn, min_size=conns, max_size=conns) as client:
         client.metrics(QUEUE)  # warm
-        shares = _support.split(n, conns)
-        go = threading.Barrier(conns + 1)
 
         def sender(k: int) -> None:
-            go.wait()
             for i in range(k):
                 client.send(QUEUE, {"n": i})
 
-        threads = [threading.Thread(target=sender, args=(k,)) for k in shares]
-        for t in threads:
-            t.start()
-        go.wait()
-        began = time.monotonic()
-        for t in threads:
-            t.join()
-        return n / (time.monotonic() - began)
+        return n / _support.timed_threads(_support.split(n, conns), sender)
 
 
 def enqueue_batch(dsn: str, n: int, batch: int = 100) -> float:
