@@ -26,8 +26,7 @@ from typing import Any
 import psycopg
 
 from benchmarks import ceiling, growth
-from benchmarks.common import DEFAULT_DSN, RESULTS
-from benchmarks.peers import _support
+from benchmarks.common import DEFAULT_DSN, RESULTS, scratch_database
 
 SYSTEMS = [
     "benchmarks.systems.pgqueue_sys",
@@ -193,7 +192,7 @@ def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     needs_systems = {"enqueue", "e2e", "latency"} & set(groups)
     systems = load_systems(SYSTEMS, res.notes) if needs_systems else []
     names = [m.NAME for m in systems]
-    stack = [_support.scratch_database(args.dsn, f"bench_{m.NAME.lower()}") for m in systems]
+    stack = [scratch_database(args.dsn, f"bench_{m.NAME.lower()}", migrate=False) for m in systems]
     dbs = {m.NAME: cm.__enter__() for m, cm in zip(systems, stack, strict=True)}
     try:
         for m in systems:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from benchmarks import common
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_EVERY = 0.02  # seconds between "is the queue drained?" checks
@@ -128,26 +128,6 @@ def stop(procs: list[subprocess.Popen[str]]) -> None:
             proc.wait()
 
 
-def with_db(dsn: str, db: str) -> str:
-    """The same server, another database."""
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["dbname"] = db
-    return make_conninfo("", **params)
-
-
-@contextmanager
-def scratch_database(dsn: str, prefix: str) -> Iterator[str]:
-    """A fresh empty database on the server of `dsn`, dropped afterwards; its DSN."""
-    db = f"{prefix}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {db}")
-    try:
-        yield with_db(dsn, db)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-
-
 def summary(xs: list[float]) -> str:
     """p50 / p99 / max of a latency sample, or a note that there is none."""
     if not xs:
@@ -156,3 +136,24 @@ def summary(xs: list[float]) -> str:
     p50 = s[len(s) // 2]
     p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
     return f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {s[-1]:.1f} ms (n={len(s)})"
+
+
+def self_check(peer: ModuleType, header: str) -> None:
+    """Run every function of an adapter once, small, on a scratch database; print the figures."""
+    admin = os.environ.get("PGQUEUE_DSN", common.DEFAULT_DSN)
+    with common.scratch_database(admin, f"bench_peer_{peer.NAME.lower()}", migrate=False) as target:
+        print(f"{peer.NAME}, {header}")
+        peer.install(target)
+        for conns in (1, 4):
+            peer.reset(target)
+            rate = peer.enqueue_single(target, 2000, conns)
+            print(f"enqueue_single n=2000 conns={conns}: {rate:,.0f}/s")
+        peer.reset(target)
+        print(f"enqueue_batch n=2000 batch=100: {peer.enqueue_batch(target, 2000, 100):,.0f}/s")
+        for processes in (1, 2):
+            peer.reset(target)
+            rate = peer.drain(target, 2000, processes)
+            print(f"drain n=2000 processes={processes}: {rate:,.0f}/s")
+        for listen in (True, False):
+            peer.reset(target)
+            print(f"latency listen={listen}: {summary(peer.latency(target, 5, listen))}")

@@ -21,6 +21,7 @@ import asyncio
 import importlib.util
 import os
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -244,22 +245,9 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
 
 def _self_check() -> None:
     """Run every function once, small, on a scratch database, and print the figures."""
-    admin = os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
-    with _support.scratch_database(admin, "bench_peer_pgqueuer") as target:
-        print(f"{NAME}, driver {DRIVER}, worker batch_size {WORKER_BATCH_SIZE}")
-        install(target)
-        for conns in (1, 4):
-            reset(target)
-            rate = enqueue_single(target, 2000, conns)
-            print(f"enqueue_single n=2000 conns={conns}: {rate:,.0f}/s")
-        reset(target)
-        print(f"enqueue_batch n=2000 batch=100: {enqueue_batch(target, 2000, 100):,.0f}/s")
-        for processes in (1, 2):
-            reset(target)
-            print(f"drain n=2000 processes={processes}: {drain(target, 2000, processes):,.0f}/s")
-        for listen in (True, False):
-            reset(target)
-            print(f"latency listen={listen}: {_support.summary(latency(target, 5, listen))}")
+    _support.self_check(
+        sys.modules[__name__], f"driver {DRIVER}, worker batch_size {WORKER_BATCH_SIZE}"
+    )
 
 
 if __name__ == "__main__":

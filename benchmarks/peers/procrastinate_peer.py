@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
+import sys
 import time
 
 import psycopg
@@ -198,22 +198,10 @@ def latency(dsn: str, samples: int, listen: bool) -> list[float]:
 
 def _self_check() -> None:
     """Run every function once, small, on a scratch database, and print the figures."""
-    admin = os.environ.get("PGQUEUE_DSN", "postgresql://postgres@127.0.0.1/test")
-    with _support.scratch_database(admin, "bench_peer_procrastinate") as target:
-        print(f"{NAME}, worker concurrency {WORKER_CONCURRENCY}, delete_jobs {WORKER_DELETE_JOBS}")
-        install(target)
-        for conns in (1, 4):
-            reset(target)
-            rate = enqueue_single(target, 2000, conns)
-            print(f"enqueue_single n=2000 conns={conns}: {rate:,.0f}/s")
-        reset(target)
-        print(f"enqueue_batch n=2000 batch=100: {enqueue_batch(target, 2000, 100):,.0f}/s")
-        for processes in (1, 2):
-            reset(target)
-            print(f"drain n=2000 processes={processes}: {drain(target, 2000, processes):,.0f}/s")
-        for listen in (True, False):
-            reset(target)
-            print(f"latency listen={listen}: {_support.summary(latency(target, 5, listen))}")
+    _support.self_check(
+        sys.modules[__name__],
+        f"worker concurrency {WORKER_CONCURRENCY}, delete_jobs {WORKER_DELETE_JOBS}",
+    )
 
 
 if __name__ == "__main__":

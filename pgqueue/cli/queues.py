@@ -59,11 +59,6 @@ PEEK_FIELDS = {
 }
 
 
-def _require_queue(client: Client, queue: str) -> QueueMetrics:
-    """The queue's metrics; QueueNotFound (one line) when it does not exist."""
-    return client.metrics(queue)
-
-
 @main.group()
 def queue() -> None:
     """Create, list, purge and drop queues."""
@@ -133,7 +128,7 @@ def queue_purge(name: str, yes: bool, dsn: str | None, connect_timeout: float) -
     as failed, so their barriers still fire.
     """
     with expected_errors(), open_client(dsn, connect_timeout) as client:
-        m = _require_queue(client, name)
+        m = client.metrics(name)  # QueueNotFound: one line
         if m.queue_length == 0:
             click.echo(f"queue {name!r} has no live messages; nothing to purge")
             return
@@ -152,7 +147,7 @@ def queue_drop(name: str, yes: bool, dsn: str | None, connect_timeout: float) ->
     Refused while open barriers will send their callback to NAME.
     """
     with expected_errors(), open_client(dsn, connect_timeout) as client:
-        m = _require_queue(client, name)
+        m = client.metrics(name)  # QueueNotFound: one line
         confirm(
             f"Drop queue {name!r} with {plural(m.queue_length, 'live message')}"
             f" and {plural(m.poison_length, 'poison message')}?",
