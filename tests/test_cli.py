@@ -160,3 +160,36 @@ def test_a_dsn_that_does_not_answer_fails_in_seconds_for_every_command() -> None
         assert result.returncode == 1, args
         assert result.stderr.startswith("pgqueue: error: could not connect to x@127.0.0.1:1/db")
         assert result.stderr.count("\n") == 1
+
+
+def test_bulk_work_shows_a_progress_bar_on_a_terminal(client: Any, dsn: str) -> None:
+    import pty
+
+    client.create_queue("jobs", max_attempts=1)
+    for msg_id in client.send_batch("jobs", [{} for _ in range(1200)]):
+        client.poison("jobs", msg_id, "seed")
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    args = ["poison", "requeue", "jobs", "--all", "--yes", "--dsn", dsn]
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqueue", *args],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=follower,
+        env=env,
+        timeout=60,
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert result.returncode == 0
+    assert result.stdout == b"requeued 1200 messages to queue 'jobs'\n"
+    assert b"requeue jobs" in seen and b"100%" in seen  # the bar, on the terminal only

@@ -452,3 +452,13 @@ def test_bulk_requeue_ends_while_consumers_keep_poisoning(
     assert requeued >= 40
     m = client.metrics("jobs")
     assert m.queue_length + m.poison_length == 40 + len(poisoned_meanwhile)  # nothing lost
+
+
+def test_worker_refuses_bad_apps_and_missing_queues_in_one_line(dsn: str) -> None:
+    line = one_line_error(cli(dsn, "worker", "no_such_module:app"))
+    assert "cannot import 'no_such_module'" in line
+    line = one_line_error(cli(dsn, "worker", "pgqueue.demo:ORDERS"))
+    assert "is not a pgqueue.App" in line
+    line = one_line_error(cli(dsn, "worker", "tests.worker_app:app"))
+    assert "do not exist; create them first" in line
+    assert one_line_error(cli(dsn, "worker", "tests.worker_app:app", "--vt", "0")).count("vt") >= 1
