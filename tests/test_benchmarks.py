@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(not _answers(LOCAL_DSN), reason="needs the local server (pgbench beside it)")
 def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
+    for peer in ("pgmq", "pgqueuer", "asyncpg", "procrastinate"):
+        pytest.importorskip(peer, reason="the peers come with pip install -e '.[bench]'")
     out = tmp_path / "suite.md"
     result = subprocess.run(
         [
