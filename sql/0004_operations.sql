@@ -309,3 +309,50 @@ BEGIN
      LIMIT barrier_failures.qty;
 END
 $$;
+
+-- ---------------------------------------------------------------------------
+-- multi-row acks lock in msg_id order
+
+-- complete_members locks its message rows in msg_id order; a multi-row delete
+-- or archive locked them in whatever order its plan visited them (a bitmap
+-- scan: heap order), so the two could each hold a row the other wanted (seen:
+-- a deadlock in test_multi_row_acks_and_batch_completions_do_not_deadlock).
+-- Every multi-row remover now takes its row locks in msg_id order first.
+CREATE OR REPLACE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+BEGIN
+    RETURN QUERY
+    DELETE FROM pgqueue.message m
+     WHERE m.queue_id = q.queue_id
+       AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
+                         WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (delete.msg_ids)
+                         ORDER BY l.msg_id FOR UPDATE)
+    RETURNING m.msg_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(archive.queue_name);
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.message m
+         WHERE m.queue_id = q.queue_id
+           AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
+                             WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (archive.msg_ids)
+                             ORDER BY l.msg_id FOR UPDATE)
+        RETURNING m.*
+    ), kept AS (
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k;
+END
+$$;
