@@ -32,7 +32,7 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--only",
-            "sql,enqueue,e2e,latency,barrier,growth",
+            "sql,enqueue,e2e,latency,barrier,growth,mvcc",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -48,6 +48,7 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
         "## 3. Latency",
         "## 4.",
         "## 5.",
+        "## 6. MVCC pressure",
     ):
         assert section in text
     for system in ("pgqueue", "PGMQ", "PgQueuer", "Procrastinate"):

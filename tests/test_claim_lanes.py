@@ -1,0 +1,344 @@
+"""Claim lanes (0005): nothing a fast floor passes over is lost, under real races.
+
+A read starts at its lane's fast floor and skips what lies below it; the late
+sweep, about once a second, finds what the fast floors passed over and raises
+the safe floors. Each test here first makes the floors pass over a row that
+is not deliverable yet (a send not committed, a claim or an ack not rolled
+back yet), checks that they did, then makes the row deliverable and checks
+that a read still finds it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import wait_until
+
+QUEUE = "lanes"
+
+
+@pytest.fixture
+def lanes(sql: psycopg.Connection[Any]) -> int:
+    """The queue's id, with a queue created."""
+    sql.execute("SELECT pgqueue.create_queue(%s, 50)", (QUEUE,))
+    row = sql.execute("SELECT queue_id FROM pgqueue.queue WHERE queue_name = %s", (QUEUE,))
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def floor(conn: psycopg.Connection[Any], queue_id: int, which: str) -> float:
+    """A floor of the queue, in seconds since the epoch."""
+    row = conn.execute(
+        f"SELECT extract(epoch FROM pgqueue._us_ts(last_value))::float8"
+        f" FROM pgqueue.lane_{queue_id}_{which}"
+    ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def epoch(conn: psycopg.Connection[Any], msg_id: int) -> float:
+    """The vt of a message, in seconds since the epoch, as another session sees it."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM vt)::float8 FROM pgqueue.message WHERE msg_id = %s", (msg_id,)
+    ).fetchone()
+    assert row is not None, f"message {msg_id} is not visible"
+    return float(row[0])
+
+
+class Traffic:
+    """Background sends and read+delete rounds that keep the floors moving."""
+
+    def __init__(self, dsn: str, consumers: int = 2) -> None:
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.got: Counter[int] = Counter()
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._produce)] + [
+            threading.Thread(target=self._consume) for _ in range(consumers)
+        ]
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+    def _produce(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    conn.execute(
+                        "SELECT pgqueue.send_batch(%s, array_fill('{}'::jsonb, ARRAY[20]))",
+                        (QUEUE,),
+                    )
+                    time.sleep(0.01)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def _consume(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    ids = [
+                        r[0]
+                        for r in conn.execute(
+                            "SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)
+                        ).fetchall()
+                    ]
+                    with self.lock:
+                        self.got.update(ids)
+                    if ids:
+                        conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+                    else:
+                        time.sleep(0.005)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def saw(self, msg_id: int) -> int:
+        """How often the traffic's consumers were handed this message."""
+        with self.lock:
+            return self.got[msg_id]
+
+
+def send(conn: psycopg.Connection[Any]) -> tuple[int, float]:
+    """Send one message in the connection's open transaction; its id and vt (epoch seconds)."""
+    (msg_id,) = conn.execute("SELECT pgqueue.send(%s, '{}')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    return msg_id, epoch(conn, msg_id)
+
+
+def passes_over(sql: psycopg.Connection[Any], queue_id: int, which: str, vt: float) -> None:
+    """Wait until the lane's floor (fast or safe) is above vt: the row lies below it."""
+    wait_until(lambda: floor(sql, queue_id, which) > vt, timeout=20)
+
+
+def test_a_send_committed_late_is_delivered(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    with psycopg.connect(dsn) as late, Traffic(dsn) as traffic:
+        msg_id, vt = send(late)
+        passes_over(sql, lanes, "fast_f", vt)
+        time.sleep(1.5)  # a few late sweeps while the send is still open
+        assert floor(sql, lanes, "safe_f") < vt, "the safe floor passed an open writer's row"
+        late.commit()
+        wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
+    assert traffic.saw(msg_id) == 1
+
+
+def test_a_send_whose_transaction_was_idle_before_it_is_delivered(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    """An open transaction with no writes yet holds no floor; its later send must be found."""
+    with psycopg.connect(dsn) as late, Traffic(dsn) as traffic:
+        late.execute("SELECT 1")  # the transaction begins here, without a transaction id
+        began = time.time()
+        wait_until(lambda: floor(sql, lanes, "safe_f") > began, timeout=20)
+        msg_id, vt = send(late)
+        passes_over(sql, lanes, "fast_f", vt)
+        time.sleep(1.5)
+        late.commit()
+        wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
+
+
+def test_a_rolled_back_claim_is_delivered_again(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"claimed\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    vt = epoch(sql, msg_id)
+    with psycopg.connect(dsn) as claimer:
+        rows = claimer.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
+        assert rows == [(msg_id,)]
+        with Traffic(dsn) as traffic:
+            passes_over(sql, lanes, "fast_f", vt)
+            time.sleep(1.5)
+            claimer.rollback()
+            wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
+    row = sql.execute(
+        "SELECT count(*) FROM pgqueue.message WHERE msg_id = %s", (msg_id,)
+    ).fetchone()
+    assert row == (0,)
+
+
+def test_a_row_skipped_while_an_ack_held_it_is_delivered_when_the_ack_rolls_back(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"held\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    vt = epoch(sql, msg_id)
+    with psycopg.connect(dsn) as acker:
+        assert acker.execute(
+            "SELECT pgqueue.delete(%s, %s::bigint)", (QUEUE, msg_id)
+        ).fetchone() == (True,)
+        with Traffic(dsn) as traffic:
+            passes_over(sql, lanes, "fast_f", vt)
+            time.sleep(1.5)
+            assert traffic.saw(msg_id) == 0
+            acker.rollback()
+            wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
+
+
+def test_a_lease_moved_into_the_past_by_hand_is_found_below_the_floors(
+    sql: psycopg.Connection[Any], lanes: int, dsn: str
+) -> None:
+    (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"lease\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    assert sql.execute("SELECT msg_id FROM pgqueue.read(%s, 3600, 1)", (QUEUE,)).fetchall() == [
+        (msg_id,)
+    ]
+    with Traffic(dsn) as traffic:
+        wait_until(lambda: floor(sql, lanes, "safe_t") > time.time() - 2, timeout=20)
+        # far below every floor of the timed lane, where no read looks
+        sql.execute(
+            "UPDATE pgqueue.message SET vt = now() - interval '1 day' WHERE msg_id = %s", (msg_id,)
+        )
+        assert sql.execute("SELECT count(*) FROM pgqueue.recheck").fetchone() == (1,)
+        wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
+    assert sql.execute("SELECT count(*) FROM pgqueue.recheck").fetchone() == (0,)
+
+
+def test_an_idle_repeatable_read_snapshot_does_not_hold_the_safe_floors(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    with psycopg.connect(dsn) as holder, Traffic(dsn):
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pgqueue.message").fetchone()
+        began = time.time()
+        wait_until(lambda: floor(sql, lanes, "safe_f") > began + 1, timeout=20)
+        holder.rollback()
+
+
+def test_a_writer_holding_a_transaction_id_holds_the_safe_floors(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    with psycopg.connect(dsn) as writer, Traffic(dsn):
+        writer.execute("SELECT pg_current_xact_id()")  # takes a transaction id
+        began = time.time()
+        time.sleep(3)  # sweeps run about once a second
+        assert floor(sql, lanes, "safe_f") < began
+        assert floor(sql, lanes, "safe_t") < began
+        writer.rollback()
+        wait_until(lambda: floor(sql, lanes, "safe_f") > began, timeout=20)
+
+
+def test_late_commits_rolled_back_claims_and_acks_lose_nothing(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    """Producers that commit late or roll back, consumers that roll back claims and
+    acks, an old snapshot held: every committed message is acked exactly once."""
+    committed: set[int] = set()
+    acked: Counter[int] = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+    produced = threading.Event()  # every producer has finished its last transaction
+    errors: list[BaseException] = []
+
+    def producer(seed: int) -> None:
+        rnd = random.Random(seed)
+        with psycopg.connect(dsn) as conn:
+            while not stop.is_set():
+                ids = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT pgqueue.send_batch(%s, array_fill('{}'::jsonb, ARRAY[%s]))",
+                        (QUEUE, rnd.randint(1, 20)),
+                    ).fetchall()
+                ]
+                time.sleep(rnd.choice([0, 0, 0.01, 0.2, 1.5]))  # some commit late
+                if rnd.random() < 0.1:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                    with lock:
+                        committed.update(ids)
+
+    def consumer(seed: int) -> None:
+        rnd = random.Random(seed)
+        with psycopg.connect(dsn) as conn:
+            while True:
+                ids = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT msg_id FROM pgqueue.read(%s, 30, %s)", (QUEUE, rnd.randint(1, 10))
+                    ).fetchall()
+                ]
+                if not ids:
+                    conn.rollback()
+                    if produced.is_set() and done():
+                        return
+                    time.sleep(0.01)
+                    continue
+                time.sleep(rnd.choice([0] * 18 + [0.05, 0.3]))  # a few hold their claims
+                roll = rnd.random()
+                if roll < 0.1:
+                    conn.rollback()  # the claim rolls back
+                    continue
+                gone = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT * FROM pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids)
+                    ).fetchall()
+                ]
+                assert sorted(gone) == sorted(ids), "a claimed message was gone before its ack"
+                if roll < 0.2:
+                    conn.rollback()  # the ack rolls back, and the claim with it
+                    continue
+                conn.commit()
+                with lock:
+                    acked.update(gone)
+
+    def done() -> bool:
+        with lock:
+            return committed <= set(acked)
+
+    def guarded(target: Any, seed: int) -> None:
+        try:
+            target(seed)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+            produced.set()
+
+    with psycopg.connect(dsn) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pgqueue.message").fetchone()
+        producers = [threading.Thread(target=guarded, args=(producer, i)) for i in range(3)]
+        threads = producers + [
+            threading.Thread(target=guarded, args=(consumer, 100 + i)) for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(8)
+        stop.set()
+        for t in producers:
+            t.join()
+        produced.set()
+        deadline = time.monotonic() + 30
+        for t in threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+        holder.rollback()
+    assert not errors, errors[0]
+    if any(t.is_alive() for t in threads):
+        lost = sorted(committed - set(acked))
+        rows = sql.execute(
+            "SELECT msg_id, read_ct, enqueued_at, vt FROM pgqueue.message"
+            " WHERE msg_id = ANY(%s) ORDER BY msg_id LIMIT 5",
+            (lost,),
+        ).fetchall()
+        floors = {w: floor(sql, lanes, w) for w in ("fast_f", "fast_t", "safe_f", "safe_t")}
+        raise AssertionError(
+            f"not drained: {len(lost)} committed messages never acked: {rows}; floors {floors}"
+        )
+    assert len(committed) > 200
+    assert set(acked) == committed
+    assert max(acked.values()) == 1
+    assert sql.execute("SELECT count(*) FROM pgqueue.message").fetchone() == (0,)
