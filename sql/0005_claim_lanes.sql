@@ -195,8 +195,11 @@ SELECT pgqueue._create_lane_seqs(queue_id) FROM pgqueue.queue;
 -- Volatile, and clears the activity snapshot first: pg_stat_activity is read
 -- once per transaction and then cached, and a cached view taken before the
 -- sweep started could miss a writer that began after it.
+-- Security definer: it runs with the rights of the role that migrated (its
+-- owner), so a consumer role without pg_read_all_stats still sees the times of
+-- other roles' sessions instead of counting each of them as -infinity.
 CREATE FUNCTION pgqueue._oldest_writer() RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_oldest timestamptz;
 BEGIN
