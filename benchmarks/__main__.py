@@ -219,8 +219,28 @@ def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
                 measure(
                     res, "e2e", row, systems, dbs, runs, lambda m, d, p=procs: m.drain(d, size, p)
                 )
+            # pgqueue's batch handler beside PGMQ's loop, which is a batch loop
+            # too (read 100, delete 100); the other peers have no equivalent
+            batchers = [m for m in systems if hasattr(m, "drain_batch") or m.NAME == "PGMQ"]
+            for procs in (1, 4):
+                row = f"{size:,} no-op messages, {procs} worker process(es), batch handler"
+                measure(
+                    res,
+                    "e2e",
+                    row,
+                    batchers,
+                    dbs,
+                    runs,
+                    lambda m, d, p=procs: getattr(m, "drain_batch", m.drain)(d, size, p),
+                )
             out += ["## 2. End to end: full queue to empty (messages/s)", ""]
             out += [*system_table(res, "e2e", names, "msg/s"), ""]
+            out += [
+                "Batch handler rows: pgqueue with `@app.handler(..., batch=True)` (one call per"
+                " read of 100); PGMQ's consumer loop is the same in both kinds of rows; PgQueuer"
+                " and Procrastinate have no batch handler here (`-`).",
+                "",
+            ]
         if "latency" in groups:
             print("latency", file=sys.stderr)
             samples = 5 if args.smoke else 30

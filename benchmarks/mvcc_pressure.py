@@ -167,11 +167,14 @@ def top_up(target: str, design: Design, want: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def consumer(target: str, statement: str, counter: Any, stop: Any) -> None:
+def consumer(target: str, statement: str, counter: Any, stop: Any, paused: Any) -> None:
     with connect(target) as conn:
         cur = conn.cursor()
         cur.execute("SET application_name = 'mvcc_consumer'")
         while not stop.is_set():
+            if paused.is_set():  # a top-up is running: it is not timed
+                time.sleep(0.05)
+                continue
             cur.execute(statement)
             counter.value += cur.fetchone()[0]  # type: ignore[index]
 
@@ -247,10 +250,13 @@ class Run:
         self.table = design.table
         ctx = mp.get_context("spawn")
         self.stop = ctx.Event()
+        self.paused = ctx.Event()
         self.counters = [ctx.Value("q", 0, lock=False) for _ in range(consumers)]
         self.procs = [
             ctx.Process(
-                target=consumer, args=(target, design.read_delete, c, self.stop), daemon=True
+                target=consumer,
+                args=(target, design.read_delete, c, self.stop, self.paused),
+                daemon=True,
             )
             for c in self.counters
         ]
@@ -259,6 +265,14 @@ class Run:
         self.monitor = connect(self.target)
         for p in self.procs:
             p.start()
+
+    def top_up(self, design: Design, want: int) -> None:
+        """Fill the queue with the consumers paused (the filling is not timed)."""
+        self.paused.set()
+        try:
+            top_up(self.target, design, want)
+        finally:
+            self.paused.clear()
 
     def total(self) -> int:
         return sum(c.value for c in self.counters)
@@ -307,15 +321,21 @@ def pressure(dsn: str, design: Design, consumers: int, args: argparse.Namespace)
     # opened up front: a full server later must not silently drop a phase's pressure
     sessions = [connect(target) for _ in range(5)]
     try:
-        top_up(target, design, args.preload)
+        top_up(target, design, args.preload)  # the warm-up's share
         run = Run(target, design, consumers)
         run.start()
         try:
             time.sleep(2)  # connect and warm up
+            # enough for the clean phase at the warm-up's rate, with room to rise
+            t0, n0 = time.monotonic(), run.total()
+            time.sleep(2)
+            rate = (run.total() - n0) / (time.monotonic() - t0)
+            run.top_up(design, int(rate * 1.5 * args.clean) + args.preload)
             phases = [run.measure("clean", args.clean)]
-            budget = max(max(phases[0].windows), 1.0) * 1.5  # never run dry: rates may rise
+            # enough not to run dry: pressure lowers rates, recovery may exceed clean
+            budget = max(phases[0].median, 1.0) * 1.2
 
-            top_up(target, design, int(budget * (args.hold + args.recovery)) + args.preload)
+            run.top_up(design, int(budget * (args.hold + args.recovery)) + args.preload)
             stop = threading.Event()
             t = threading.Thread(target=holder, args=(sessions[0], design, stop), daemon=True)
             t.start()
@@ -326,7 +346,7 @@ def pressure(dsn: str, design: Design, consumers: int, args: argparse.Namespace)
             phases.append(run.measure("recovery", args.recovery))
 
             for label, isolation in phases_b:
-                top_up(target, design, int(budget * args.hold) + args.preload)
+                run.top_up(design, int(budget * args.hold) + args.preload)
                 stop = threading.Event()
                 spent: list[float] = []
                 readers = [
@@ -516,7 +536,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--consumers", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
     ap.add_argument(
-        "--preload", type=int, default=1_000_000, help="messages before the clean phase"
+        "--preload",
+        type=int,
+        default=1_000_000,
+        help="messages kept in the queue beyond what a phase consumes at the clean rate",
     )
     ap.add_argument(
         "--reader-txn", type=float, default=60, help="(b): seconds each RR transaction lasts"

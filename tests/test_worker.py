@@ -29,7 +29,7 @@ def make_worker(
     env_dsn: str, client: Client
 ) -> Iterator[Callable[..., tuple[Worker, threading.Thread]]]:
     started: list[tuple[Worker, threading.Thread, Client]] = []
-    for q in ("jobs", "async_jobs", "tx", "callbacks"):
+    for q in ("jobs", "async_jobs", "tx", "callbacks", "batch_jobs", "async_batch", "tx_batch"):
         client.create_queue(q, max_attempts=3)
 
     def make(**settings: Any) -> tuple[Worker, threading.Thread]:
@@ -135,6 +135,73 @@ def test_transactional_handler_effects_commit_with_the_ack_exactly_once(
         rows = conn.execute("SELECT key, count(*) FROM effects GROUP BY key ORDER BY key")
         assert rows.fetchall() == [("a", 1), ("b", 1)]
     assert len(events(env_dsn, "done")) == 3
+
+
+def test_batch_handler_gets_whole_reads_and_acks_them(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("batch_jobs", [{"n": i} for i in range(50)])
+    worker_app.BATCH_SIZES.clear()
+    make_worker(queues=("batch_jobs",), batch=20, concurrency=2)
+    wait_until(lambda: client.metrics("batch_jobs").queue_length == 0)
+    done = events(env_dsn, "done")
+    assert len(done) == 50 and len({e[1] for e in done}) == 50  # each once
+    sizes = worker_app.BATCH_SIZES
+    assert sum(sizes) == 50 and max(sizes) > 1 and max(sizes) <= 20, sizes
+
+
+def test_batch_handler_results_complete_barrier_members(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    bid = client.fan_out(
+        "batch_jobs", [{"n": i} for i in range(30)], callback_queue="callbacks", callback_message={}
+    )
+    make_worker(queues=("batch_jobs", "callbacks"), batch=10)
+    wait_until(lambda: len(events(env_dsn, "callback")) == 1)
+    s = client.barrier_status(bid)
+    assert (s.state, s.succeeded, s.failed) == ("fired", 30, 0)
+    assert [r.result for r in client.barrier_results(bid)] == [{"n": i} for i in range(30)]
+
+
+def test_a_failing_batch_is_retried_whole_and_a_poison_batch_is_poisoned_whole(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("batch_jobs", [{"n": 1}, {"fail_times": 1}, {"n": 3}])
+    make_worker(queues=("batch_jobs",), batch=10)
+    wait_until(lambda: client.metrics("batch_jobs").queue_length == 0)
+    # the first read failed whole (no done), the second succeeded whole
+    assert sorted(e[3] for e in events(env_dsn, "done")) == [2, 2, 2]
+    assert client.metrics("batch_jobs").poison_length == 0
+
+    client.send_batch("batch_jobs", [{"n": 4}, {"poison": True}])
+    wait_until(lambda: client.metrics("batch_jobs").poison_length == 2)
+    assert {p.reason for p in client.poison_list("batch_jobs")} == {"payload cannot be handled"}
+
+
+def test_a_batch_handler_returning_the_wrong_number_of_results_is_retried_with_the_reason(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("batch_jobs", [{"bad_results": True}, {"n": 2}])
+    make_worker(queues=("batch_jobs",), batch=10)
+    wait_until(lambda: client.metrics("batch_jobs").poison_length == 2, timeout=30)
+    reasons = {p.reason for p in client.poison_list("batch_jobs")}
+    assert len(reasons) == 1
+    (reason,) = reasons
+    assert "returned 1 results for 2 messages" in reason, reason
+
+
+def test_async_and_transactional_batch_handlers(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("async_batch", [{"n": i} for i in range(7)])
+    client.send_batch("tx_batch", [{"key": "a", "fail_first": True}, {"key": "b"}])
+    make_worker(queues=("async_batch", "tx_batch"), batch=10)
+    wait_until(lambda: client.metrics("async_batch").queue_length == 0)
+    wait_until(lambda: client.metrics("tx_batch").queue_length == 0)
+    assert len(events(env_dsn, "done")) == 7 + 2
+    with psycopg.connect(env_dsn) as conn:  # the failed first attempt's writes rolled back
+        rows = conn.execute("SELECT key, count(*) FROM effects GROUP BY key ORDER BY key")
+        assert rows.fetchall() == [("a", 1), ("b", 1)]
 
 
 def test_long_handler_is_not_redelivered_while_heartbeats_run(

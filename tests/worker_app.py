@@ -73,3 +73,37 @@ def tx(msg: Message, conn: psycopg.Connection[Any]) -> None:
 @app.handler("callbacks")
 def callbacks(msg: Message) -> None:
     record(msg, "callback" if msg.is_callback else "plain")
+
+
+BATCH_SIZES: list[int] = []  # of batch_jobs calls, for in-process tests
+
+
+@app.handler("batch_jobs", batch=True)
+def batch_jobs(msgs: list[Message]) -> Any:
+    """All or nothing: one failing payload fails (or poisons) the whole batch."""
+    BATCH_SIZES.append(len(msgs))
+    for msg in msgs:
+        record(msg, "start")
+    for msg in msgs:
+        behave(msg)
+    for msg in msgs:
+        record(msg, "done")
+    if any(isinstance(m.message, dict) and m.message.get("bad_results") for m in msgs):
+        return ["only one result"]
+    return [{"n": m.message.get("n") if isinstance(m.message, dict) else None} for m in msgs]
+
+
+@app.handler("async_batch", batch=True)
+async def async_batch(msgs: list[Message]) -> None:
+    for msg in msgs:
+        await asyncio.to_thread(record, msg, "done")
+
+
+@app.handler("tx_batch", transactional=True, batch=True)
+def tx_batch(msgs: list[Message], conn: psycopg.Connection[Any]) -> None:
+    for msg in msgs:
+        conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.message["key"], msg.msg_id))
+    if any(m.message.get("fail_first") and m.read_ct == 1 for m in msgs):
+        raise RuntimeError("failed after writing: every write of the batch must roll back")
+    for msg in msgs:
+        record(msg, "done")

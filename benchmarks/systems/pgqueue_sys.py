@@ -78,6 +78,19 @@ def drain(dsn: str, n: int, processes: int) -> float:
     return n / seconds
 
 
+def drain_batch(dsn: str, n: int, processes: int) -> float:
+    """As drain, with a batch handler: one call per read of 100."""
+    preload(dsn, n)
+    seconds = _support.time_drain(
+        dsn,
+        "benchmarks.systems.pgqueue_worker",
+        [dsn, *WORKER_ARGS, "--batch-handler"],
+        processes,
+        "SELECT NOT EXISTS (SELECT 1 FROM pgqueue.message)",
+    )
+    return n / seconds
+
+
 def latency(dsn: str, samples: int, listen: bool) -> list[float]:
     """Milliseconds from send() returning to an idle worker's handler starting."""
     return _latency(dsn, listen, samples)

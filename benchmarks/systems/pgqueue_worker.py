@@ -1,6 +1,6 @@
 """A pgqueue worker process with a no-op handler, for the drain benchmark.
 
-python -m benchmarks.systems.pgqueue_worker DSN [--concurrency N] [--batch N]
+python -m benchmarks.systems.pgqueue_worker DSN [--concurrency N] [--batch N] [--batch-handler]
 """
 
 from __future__ import annotations
@@ -19,19 +19,28 @@ def noop(msg: Message) -> None:
     """Do nothing: the benchmark measures the queue, not the work."""
 
 
+batch_app = App()
+
+
+@batch_app.handler("bench", batch=True)
+def noop_batch(msgs: list[Message]) -> None:
+    """Do nothing with a whole read."""
+
+
 def main() -> None:
     """Run the worker until SIGTERM, after saying "ready" on stdout."""
     ap = argparse.ArgumentParser()
     ap.add_argument("dsn")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--batch-handler", action="store_true", help="one handler call per read")
     args = ap.parse_args()
     configure_logging(json=True, level="WARNING")
     settings = WorkerSettings(concurrency=args.concurrency, batch=args.batch, poll_interval=0.1)
     client = Client.from_dsn(args.dsn, max_size=settings.concurrency + 3)
     client.metrics("bench")  # connected before the clock starts
     print("ready", flush=True)
-    code = Worker(app, client, settings).run()
+    code = Worker(batch_app if args.batch_handler else app, client, settings).run()
     client.close()
     os._exit(code)
 
