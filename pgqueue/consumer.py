@@ -206,6 +206,12 @@ class _Batch:
     handler: Handler
 
 
+# What a database call of the runtime may raise: pgqueue's own errors, and a
+# database error pgqueue does not translate (a deadlock still failing after its
+# retries, say). The runtime logs them and goes on; it must not die of them.
+_DB_ERRORS = (PgQueueError, psycopg.Error)
+
+
 def _is_member(msg: Message) -> bool:
     """The message is a barrier member: its ack completes the member."""
     return msg.member_index is not None and msg.barrier_id is not None
@@ -441,7 +447,7 @@ class Worker:
             queue = s.queues[(self._turn + i) % len(s.queues)]
             try:
                 msgs = self.client.read(queue, vt=s.vt, qty=min(s.batch_size, free))
-            except PgQueueError as exc:
+            except _DB_ERRORS as exc:
                 self.log.error("worker.read_failed", queue=queue, error=str(exc))
                 self._stopping.wait(s.poll_interval)
                 continue
@@ -500,7 +506,7 @@ class Worker:
             msg = task.msg
             try:
                 extended = self.client.set_vt(msg.queue, msg.msg_id, s.vt)
-            except PgQueueError as exc:
+            except _DB_ERRORS as exc:
                 self._msg_log(msg).error("message.heartbeat_failed", error=str(exc))
                 continue
             task.lease_until = time.monotonic() + s.vt
@@ -539,7 +545,7 @@ class Worker:
     def _quietly(self, event: str, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
-        except PgQueueError as exc:
+        except _DB_ERRORS as exc:
             self.log.error(event, error=str(exc))
 
     # -- one message --------------------------------------------------------
@@ -679,7 +685,7 @@ class Worker:
         for (queue, member), items in groups.items():
             try:
                 self._ack_many(queue, member, items)
-            except PgQueueError as exc:
+            except _DB_ERRORS as exc:
                 ids = [t.msg.msg_id for t, _ in items]
                 self.log.error("message.ack_failed", queue=queue, msg_ids=ids, error=str(exc))
                 continue
@@ -758,7 +764,7 @@ class Worker:
         mlog.warning("message.failed", error=error, retry_in=delay)
         try:
             self.client.set_vt(msg.queue, msg.msg_id, max(0, int(delay)), error=error)
-        except PgQueueError as nack_exc:
+        except _DB_ERRORS as nack_exc:
             mlog.error("message.nack_failed", error=str(nack_exc))
 
     # -- shutdown -----------------------------------------------------------

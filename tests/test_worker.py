@@ -244,6 +244,32 @@ def test_ack_lands_when_the_connection_died_during_the_handler(
     assert len(events(env_dsn, "start")) == 1, "the message was processed again"
 
 
+def test_database_errors_pgqueue_does_not_translate_do_not_stop_the_worker(
+    env_dsn: str, client: Client
+) -> None:
+    """Reads cancelled by a statement timeout while the queue table is locked: the
+    worker logs them and goes on, then handles what was sent meanwhile."""
+    client.create_queue("jobs", max_attempts=3)
+    wclient = Client.from_dsn(env_dsn + " options='-c statement_timeout=100'", max_size=7)
+    worker = Worker(
+        worker_app.app, wclient, WorkerSettings(queues=("jobs",), poll_interval=0.05, listen=False)
+    )
+    t = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    t.start()
+    try:
+        with psycopg.connect(env_dsn) as locker:
+            locker.execute("LOCK TABLE pgqueue.message IN ACCESS EXCLUSIVE MODE")
+            time.sleep(1.0)  # every read in this second is cancelled
+            assert t.is_alive()
+        client.send("jobs", {"n": 1})
+        wait_until(lambda: len(events(env_dsn, "done")) == 1)
+        assert t.is_alive()
+    finally:
+        worker.stop()
+        t.join(15)
+        wclient.close()
+
+
 def test_hung_handler_is_reported_and_its_message_released(
     make_worker: Any, client: Client, env_dsn: str
 ) -> None:
