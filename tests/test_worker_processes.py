@@ -196,4 +196,7 @@ def test_worker_for_queues_that_do_not_exist_fails_fast(dsn: str) -> None:
     )
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("pgqueue: error: queue(s) jobs, async_jobs, tx, callbacks do not exist")
+    assert line.startswith(
+        "pgqueue: error: queue(s) jobs, async_jobs, tx, callbacks, batch_jobs, async_batch,"
+        " tx_batch do not exist"
+    )
