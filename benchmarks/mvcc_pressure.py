@@ -553,6 +553,11 @@ def parser() -> argparse.ArgumentParser:
         help="add a phase with the (b) readers in READ COMMITTED: their load without old snapshots",
     )
     ap.add_argument("--throughput", action="store_true", help="clean pgbench comparison instead")
+    ap.add_argument(
+        "--private",
+        action="store_true",
+        help="start a stock Postgres cluster of its own (autovacuum on) instead of --dsn",
+    )
     ap.add_argument("--runs", type=int, default=3, help="--throughput: interleaved runs")
     ap.add_argument("--out", default=None, help="results file name (benchmarks/results/<out>.md)")
     return ap
@@ -560,7 +565,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
+    if args.private:
+        from benchmarks.server import private_server
 
+        with private_server() as dsn:
+            args.dsn = dsn
+            run(args)
+    else:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run what the command line asks for and keep its table in benchmarks/results."""
     if args.throughput:
         table = throughput(args)
         name = args.out or "mvcc_throughput"
