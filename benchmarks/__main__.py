@@ -150,6 +150,12 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     ap.add_argument("--only", default=",".join(GROUPS), help=f"comma list of {GROUPS}")
     ap.add_argument("--smoke", action="store_true", help="tiny and quick, for CI")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of peers to leave out (PGMQ, PgQueuer, Procrastinate), e.g. for"
+        " full-size end-to-end runs where the slowest peer would take most of the time",
+    )
     ap.add_argument("--out", default=None, help="results file [benchmarks/results/suite.md]")
     ap.add_argument(
         "--private",
@@ -191,6 +197,8 @@ def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     ]
     needs_systems = {"enqueue", "e2e", "latency"} & set(groups)
     systems = load_systems(SYSTEMS, res.notes) if needs_systems else []
+    skipped = {x.strip().lower() for x in args.skip.split(",") if x.strip()}
+    systems = [m for m in systems if m.NAME.lower() not in skipped or m.NAME == "pgqueue"]
     names = [m.NAME for m in systems]
     stack = [scratch_database(args.dsn, f"bench_{m.NAME.lower()}", migrate=False) for m in systems]
     dbs = {m.NAME: cm.__enter__() for m, cm in zip(systems, stack, strict=True)}
