@@ -28,7 +28,7 @@ NAME = "Procrastinate"
 QUEUE = "bench"
 TASK = "noop"
 PRELOAD_BATCH = 1000  # jobs per batch_defer call when filling the queue for drain
-POLL_INTERVAL = 1.0  # seconds, polling-only latency (pgqueue's worker_e2e polls every 1 s)
+POLL_INTERVAL = 0.1  # seconds, polling-only latency: as pgqueue's and PGMQ's polls
 
 # Worker settings for drain (`App.run_worker_async` options, as `procrastinate worker`
 # takes them). A worker fetches one job per query (there is no batch fetch) in one
