@@ -147,18 +147,24 @@ CREATE TRIGGER message_backdated
 -- ---------------------------------------------------------------------------
 -- 2. floors: microseconds since the epoch, in sequences of each queue
 
--- STRICT: no time is no floor. (greatest() ignores NULLs, so without it a
--- missing time became 1, -infinity: a sweep that found and locked nothing
--- then dropped the fresh lane's fast floor to the bottom of the lane.)
+-- Both conversions are plain expressions that the planner inlines into the
+-- calling statement: not STRICT (a strict function whose body is a CASE is not
+-- inlined) and not IMMUTABLE (their bodies use stable operators, which keeps
+-- an IMMUTABLE function from being inlined). Measured: called as functions
+-- they cost 16-32 us each, about 130 us of a one-message read.
+-- No time is no floor: NULL stays NULL. (greatest() ignores NULLs; without the
+-- first branch a missing time became 1, -infinity, and a sweep that found and
+-- locked nothing dropped the fresh lane's fast floor to the bottom of the lane.)
 CREATE FUNCTION pgqueue._ts_us(ts timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT CASE WHEN ts = '-infinity' THEN 1
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN ts IS NULL THEN NULL
+                WHEN ts = '-infinity' THEN 1
                 WHEN ts = 'infinity' THEN 9000000000000000000
                 ELSE greatest((extract(epoch FROM ts) * 1000000)::bigint, 1) END;
 $$;
 
 CREATE FUNCTION pgqueue._us_ts(us bigint) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN us <= 1 THEN '-infinity'::timestamptz
                 ELSE 'epoch'::timestamptz + us * interval '1 microsecond' END;
 $$;

@@ -1,4 +1,5 @@
--- pgqueue 0006: a single send without nested function calls on its fast path.
+-- pgqueue 0006: leaner hot calls. A single send without nested function calls
+-- on its fast path, and acks by id array that plan once per session.
 --
 -- Profiling single sends (pgbench, one SELECT pgqueue.send per transaction)
 -- showed that each nested plpgsql call costs a function setup: the argument
@@ -86,3 +87,10 @@ BEGIN
     RETURN v_id;
 END
 $$;
+
+-- Acks by id array: plan once per session. Left to choose, plpgsql planned
+-- the DELETE anew on every call (a custom plan for the array each time);
+-- measured in a one-message read+delete loop, the ack cost about 150 us of
+-- which the DELETE itself ran 40.
+ALTER FUNCTION pgqueue.delete(text, bigint[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgqueue.archive(text, bigint[]) SET plan_cache_mode = force_generic_plan;
