@@ -122,6 +122,7 @@ class WorkerSettings:
     queues: tuple[str, ...] = ()
     concurrency: int = 4
     batch: int = 0
+    readers: int = 1
     vt: int = 30
     heartbeat_fraction: float = 0.5
     hard_timeout: float = 0.0
@@ -141,6 +142,8 @@ class WorkerSettings:
             problems.append("concurrency must be >= 1")
         if self.batch < 0:
             problems.append("batch must be >= 0 (0: same as concurrency)")
+        if self.readers < 1:
+            problems.append("readers must be >= 1")
         if self.vt < 1:
             problems.append("vt must be >= 1 second")
         if not 0 < self.heartbeat_fraction < 1:
@@ -317,7 +320,7 @@ class Worker:
     """Runs an App's handlers against the queues until stopped; see WorkerSettings."""
 
     def __init__(self, app: App, client: Client, settings: WorkerSettings | None = None) -> None:
-        """A worker over `client`'s pool (which needs concurrency + 2 connections)."""
+        """A worker over `client`'s pool (which needs concurrency + readers + 1 connections)."""
         self.app = app
         self.client = client
         settings = settings or WorkerSettings()
@@ -387,6 +390,14 @@ class Worker:
         listener = (
             _Listener(s.listen_dsn or self._dsn(), s.queues, self._stopping) if s.listen else None
         )
+        # Extra readers overlap their reads with this loop's: while one waits on
+        # the database, another's batch is being handled.
+        readers = [
+            threading.Thread(target=self._reader_loop, name=f"pgqueue-reader-{i}", daemon=True)
+            for i in range(1, s.readers)
+        ]
+        for t in readers:
+            t.start()
         try:
             while not self._stopping.is_set():
                 self._tick()
@@ -402,10 +413,22 @@ class Worker:
                 else:
                     self._stopping.wait(s.poll_interval)
         finally:
+            self._stopping.set()
+            for t in readers:  # a read in progress registers its tasks before shutdown looks
+                t.join()
             if listener:
                 listener.close()
             code = self._shutdown()
         return code
+
+    def _reader_loop(self) -> None:
+        """An extra reader: fills free capacity; the main loop keeps the wake-ups and ticks."""
+        s = self.settings
+        while not self._stopping.is_set():
+            if self._fill():
+                continue
+            # No room, or nothing visible: a short pause when busy, a poll when idle.
+            self._stopping.wait(0.002 if self._in_flight() else s.poll_interval)
 
     def _dsn(self) -> str:
         return str(self.client.pool.conninfo)

@@ -41,7 +41,8 @@ def make_worker(
             "shutdown_grace": 5,
         }
         base.update(settings)
-        wclient = Client.from_dsn(env_dsn, max_size=int(base.get("concurrency", 4)) + 3)
+        size = int(base.get("concurrency", 4)) + int(base.get("readers", 1)) + 2
+        wclient = Client.from_dsn(env_dsn, max_size=size)
         w = Worker(worker_app.app, wclient, WorkerSettings(**base))
         t = threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True)
         t.start()
@@ -296,9 +297,23 @@ def test_stop_finishes_in_flight_work_and_releases_the_rest(
     assert again.msg_id == slow
 
 
+def test_extra_readers_hand_out_every_message_once(
+    make_worker: Any, client: Client, env_dsn: str
+) -> None:
+    client.send_batch("jobs", [{"n": i} for i in range(300)])
+    make_worker(queues=("jobs",), readers=3, batch=20, concurrency=4)
+    wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=30)
+    done = events(env_dsn, "done")
+    assert len(done) == 300 and len({e[1] for e in done}) == 300
+    assert all(e[3] == 1 for e in done)  # nobody's lease ran out: each read once
+
+
 def test_bad_settings_and_apps_are_refused(client: Client) -> None:
     with pytest.raises(InvalidArgument, match="concurrency must be >= 1"):
         WorkerSettings(concurrency=0)
+    with pytest.raises(InvalidArgument, match="readers must be >= 1"):
+        WorkerSettings(readers=0)
+    assert WorkerSettings.from_env({"PGQUEUE_READERS": "3"}).readers == 3
     with pytest.raises(InvalidArgument, match="no handler for queue"):
         Worker(worker_app.app, client, WorkerSettings(queues=("nope",)))
     s = WorkerSettings.from_env(

@@ -34,10 +34,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--batch-handler", action="store_true", help="one handler call per read")
+    ap.add_argument("--readers", type=int, default=1)
     args = ap.parse_args()
     configure_logging(json=True, level="WARNING")
-    settings = WorkerSettings(concurrency=args.concurrency, batch=args.batch, poll_interval=0.1)
-    client = Client.from_dsn(args.dsn, max_size=settings.concurrency + 3)
+    settings = WorkerSettings(
+        concurrency=args.concurrency, batch=args.batch, readers=args.readers, poll_interval=0.1
+    )
+    client = Client.from_dsn(args.dsn, max_size=settings.concurrency + settings.readers + 2)
     client.metrics("bench")  # connected before the clock starts
     print("ready", flush=True)
     code = Worker(batch_app if args.batch_handler else app, client, settings).run()

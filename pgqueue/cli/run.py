@@ -37,6 +37,9 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
 @click.option("--queue", "queues", multiple=True, help="Queue to consume (repeat); default: all.")
 @click.option("--concurrency", type=int, default=None, help="Handlers running at once [4].")
 @click.option("--batch", type=int, default=None, help="Messages per read [= concurrency].")
+@click.option(
+    "--readers", type=int, default=None, help="Reads in flight at once, for fast handlers [1]."
+)
 @click.option("--vt", type=int, default=None, help="Visibility timeout in seconds [30].")
 @click.option(
     "--ack", type=click.Choice(["delete", "archive"]), default=None, help="How to ack [delete]."
@@ -59,7 +62,7 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     with expected_errors():
         app = load_app(app_path)
         settings = WorkerSettings.from_env(queues=queues or None, **options)
-        client = Client.from_dsn(dsn, max_size=settings.concurrency + 3)
+        client = Client.from_dsn(dsn, max_size=settings.concurrency + settings.readers + 2)
         try:
             code = Worker(app, client, settings).run()
         finally:
