@@ -458,7 +458,8 @@ def throughput(args: argparse.Namespace) -> str:
         f"SELECT count(*) FROM pgqueue.delete('{QUEUE}',"
         f" ARRAY(SELECT msg_id FROM pgqueue.read('{QUEUE}', 30, :qty)));"
     )
-    pair = (DESIGNS["before"], DESIGNS["pgqueue"])
+    before = Design("before", f"pgqueue 0001-{args.before:04d}", upto=args.before)
+    pair = (before, DESIGNS["pgqueue"])
     targets = {d.key: install(args.dsn, d) for d in pair}
     got: dict[tuple[str, str], list[float]] = {}
     try:
@@ -469,7 +470,7 @@ def throughput(args: argparse.Namespace) -> str:
                         conn.execute("SELECT pgqueue.drop_queue(%s)", (QUEUE,))
                         conn.execute("SELECT pgqueue.create_queue(%s, 5)", (QUEUE,))
                     if sc.kind == "read_delete":
-                        top_up(target, DESIGNS[design], sc.messages() + 2000)
+                        top_up(target, DESIGNS["pgqueue"], sc.messages() + 2000)
                     else:
                         with connect(target) as conn:
                             conn.execute("VACUUM ANALYZE pgqueue.message")
@@ -481,9 +482,10 @@ def throughput(args: argparse.Namespace) -> str:
             drop(args.dsn, target)
     lines = [
         f"{server_line(args.dsn)}; {args.runs} interleaved runs, messages/s;"
-        " `python -m benchmarks.mvcc_pressure --throughput`",
+        f" `python -m benchmarks.mvcc_pressure --throughput --before {args.before}"
+        f" --runs {args.runs}`",
         "",
-        "| scenario | before lanes (0001-0004) median (min-max)"
+        f"| scenario | before (0001-{args.before:04d}) median (min-max)"
         " | now (every migration) median (min-max)"
         " | now/before |",
         "|---|---|---|---|",
@@ -561,6 +563,12 @@ def parser() -> argparse.ArgumentParser:
         help="start a stock Postgres cluster of its own (autovacuum on) instead of --dsn",
     )
     ap.add_argument("--runs", type=int, default=3, help="--throughput: interleaved runs")
+    ap.add_argument(
+        "--before",
+        type=int,
+        default=4,
+        help="--throughput: the last migration of the design compared against (4: before lanes)",
+    )
     ap.add_argument("--out", default=None, help="results file name (benchmarks/results/<out>.md)")
     return ap
 
