@@ -24,7 +24,14 @@ from pgqueue.errors import ConnectionLost, InvalidArgument, translate
 from pgqueue.poison import ANY_POISON, PoisonFilter, PoisonMessage
 from pgqueue.queue import JSON, Message, PeekedMessage, QueueInfo, QueueMetrics
 from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
-from pgqueue.settings import describe_dsn, require_dsn, unreachable
+from pgqueue.settings import (
+    UNSET,
+    Unset,
+    describe_dsn,
+    prepare_threshold_from_env,
+    require_dsn,
+    unreachable,
+)
 
 T = TypeVar("T")
 log = structlog.get_logger("pgqueue")
@@ -88,14 +95,17 @@ class Client:
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 5.0,
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | Unset | None = UNSET,
         retry: RetryPolicy | None = None,
     ) -> Client:
         """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
 
         Set prepare_threshold=None behind PgBouncer in transaction mode when it
-        is older than 1.21 (it cannot keep prepared statements).
+        is older than 1.21 (it cannot keep prepared statements); unset, it comes
+        from $PGQUEUE_PREPARE_THRESHOLD (a number, or "off"), else 5.
         """
+        if isinstance(prepare_threshold, Unset):
+            prepare_threshold = prepare_threshold_from_env()
         resolved = require_dsn(dsn)
         label = describe_dsn(resolved)
         if min_size < 0 or max_size < max(1, min_size):

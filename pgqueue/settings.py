@@ -6,7 +6,7 @@ import os
 
 import psycopg.conninfo
 
-from pgqueue.errors import ConnectionLost, PgQueueError
+from pgqueue.errors import ConnectionLost, InvalidArgument, PgQueueError
 
 DSN_ENV_VARS = ("PGQUEUE_DSN", "DATABASE_URL")
 
@@ -52,3 +52,29 @@ def describe_dsn(dsn: str) -> str:
     host = params.get("host") or "localhost"
     port = params.get("port") or 5432
     return f"{params.get('user', '')}@{host}:{port}/{params.get('dbname', '')}".lstrip("@")
+
+
+class Unset:
+    """The type of UNSET: an argument left to its environment variable."""
+
+
+UNSET = Unset()
+
+
+def prepare_threshold_from_env() -> int | None:
+    """$PGQUEUE_PREPARE_THRESHOLD: a number of executions, or off (None); 5 when unset."""
+    raw = os.environ.get("PGQUEUE_PREPARE_THRESHOLD", "").strip().lower()
+    if raw == "":
+        return 5
+    if raw in ("off", "none", "no", "false"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgument(
+            f"PGQUEUE_PREPARE_THRESHOLD={raw!r}: expected a number >= 0, or off"
+            " (off behind PgBouncer older than 1.21 in transaction mode)"
+        )
+    return value

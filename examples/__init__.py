@@ -1,0 +1,1 @@
+"""Example applications that the compose deployment runs (compose/docker-compose.yml)."""
