@@ -184,9 +184,11 @@ class Client:
 
     # -- queues -------------------------------------------------------------
 
-    def create_queue(self, queue: str, *, max_attempts: int = 5) -> None:
-        """Make sure the queue exists with this max_attempts."""
-        self.run(_queue.create_queue(queue, max_attempts))
+    def create_queue(
+        self, queue: str, *, max_attempts: int = 5, conn: Connection | None = None
+    ) -> None:
+        """Make sure the queue exists with this max_attempts (in conn's transaction, if given)."""
+        self.run(_queue.create_queue(queue, max_attempts), conn)
 
     def drop_queue(self, queue: str) -> bool:
         """Remove the queue and everything in it; False if it did not exist."""

@@ -68,14 +68,17 @@ def parse_cli(args: list[str]) -> dict[str, Any]:
 
 def test_the_compose_file_has_the_deployment_shape() -> None:
     svc = services()
-    assert {"postgres", "pgbouncer", "migrate", "producer", "thumbnails", "album-ready"} <= set(svc)
+    expected = {"postgres", "pgbouncer", "migrate", "queues", "producer", "thumbnails"}
+    assert expected | {"album-ready"} <= set(svc)
     assert "healthcheck" in svc["postgres"]
     assert environment(svc["pgbouncer"])["POOL_MODE"] == "transaction"
     assert svc["migrate"]["command"] == ["pgqueue", "migrate"]
     assert svc["thumbnails"]["deploy"]["replicas"] > 1
-    for name in ("producer", "thumbnails", "album-ready"):
+    for name in ("queues", "producer", "thumbnails", "album-ready"):
         depends = svc[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
+    for name in ("producer", "thumbnails", "album-ready"):  # no worker before its queues
+        assert svc[name]["depends_on"]["queues"]["condition"] == "service_completed_successfully"
 
 
 def test_every_pgqueue_command_is_valid_and_every_setting_real() -> None:
@@ -154,6 +157,7 @@ def test_the_services_run_through_pgbouncer_and_every_album_calls_back_once(
         return result.stdout
 
     run_to_end("migrate")
+    run_to_end("queues")
     consumers: list[subprocess.Popen[str]] = []
     try:
         for name in ("thumbnails", "album-ready"):

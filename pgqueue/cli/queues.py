@@ -65,7 +65,7 @@ def queue() -> None:
 
 
 @queue.command("create")
-@click.argument("name")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
 @click.option(
     "--max-attempts",
     type=click.IntRange(min=1),
@@ -74,13 +74,18 @@ def queue() -> None:
     help="Reads before a message is poison-dropped.",
 )
 @connection_options
-def queue_create(name: str, max_attempts: int, dsn: str | None, connect_timeout: float) -> None:
-    """Create queue NAME (or set its max-attempts if it exists)."""
+def queue_create(
+    names: tuple[str, ...], max_attempts: int, dsn: str | None, connect_timeout: float
+) -> None:
+    """Create each queue NAME (or set its max-attempts if it exists), in one transaction."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
-        existed = any(q.queue_name == name for q in client.list_queues())
-        client.create_queue(name, max_attempts=max_attempts)
-        verb = "updated" if existed else "created"
-        click.echo(f"{verb} queue {name!r} (max_attempts={max_attempts})")
+        existing = {q.queue_name for q in client.list_queues()}
+        with client.connection() as conn, conn.transaction():
+            for name in names:
+                client.create_queue(name, max_attempts=max_attempts, conn=conn)
+        for name in names:
+            verb = "updated" if name in existing else "created"
+            click.echo(f"{verb} queue {name!r} (max_attempts={max_attempts})")
 
 
 @queue.command("list")
