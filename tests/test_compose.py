@@ -10,6 +10,7 @@ hosts changed), and the albums must all complete with one callback each.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -97,6 +98,21 @@ def test_every_pgqueue_command_is_valid_and_every_setting_real() -> None:
             assert int(env["PGQUEUE_VT"]) >= max(10 * work, 5), name
     with pytest.raises(click.UsageError):
         parse_cli(["worker", "examples.albums:app", "--no-such-option"])  # the check can fail
+
+
+def test_the_other_app_services_run_the_example_module() -> None:
+    """Services that are neither Postgres, PgBouncer nor a pgqueue command run the
+    example app's module (the run below executes them for real)."""
+    images = {"postgres", "pgbouncer"}
+    others = {
+        n: s for n, s in services().items() if n not in images
+    }.keys() - pgqueue_services().keys()
+    assert others == {"producer"}
+    args = services()["producer"]["command"]
+    assert args[:3] == ["python", "-m", "examples.albums"]
+    assert importlib.util.find_spec("examples.albums") is not None
+    env = environment(services()["producer"])
+    assert not {k for k in env if k.startswith("PGQUEUE_")} - SETTINGS
 
 
 def test_a_bad_setting_in_the_environment_is_one_clear_error() -> None:
