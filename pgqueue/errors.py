@@ -78,4 +78,8 @@ def translate(exc: psycopg.Error) -> PgQueueError | None:
         )
     if state in _INVALID_ARGUMENT_STATES:
         return InvalidArgument(primary + hint)
+    if state is None and isinstance(exc, psycopg.DataError):
+        # Raised by psycopg itself while sending an argument (a NUL byte in a
+        # text value, say): nothing reached the server.
+        return InvalidArgument(f"{primary}; nothing was sent")
     return None

@@ -124,7 +124,10 @@ def _metrics(rows: list[Row]) -> list[QueueMetrics]:
 def create_queue(queue: str, max_attempts: int = 5) -> Call[None]:
     """Create the queue, or set max_attempts on the existing one."""
     return Call(
-        "create_queue", "SELECT pgqueue.create_queue(%s, %s)", (queue, max_attempts), nothing
+        "create_queue",
+        "SELECT pgqueue.create_queue(%s, %s)",
+        (queue, int32("max_attempts", max_attempts)),
+        nothing,
     )
 
 
@@ -148,6 +151,21 @@ def purge_queue(queue: str) -> Call[int]:
     return Call("purge_queue", "SELECT pgqueue.purge_queue(%s)", (queue,), scalar)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def int32(name: str, value: int) -> int:
+    """The value, if Postgres' integer can hold it; else an InvalidArgument naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be a whole number, got {value!r}")
+    if not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise InvalidArgument(
+            f"{name} must fit Postgres' integer (at most {INT32_MAX:,}, about 68 years"
+            f" in seconds), got {value}"
+        )
+    return value
+
+
 def send(
     queue: str,
     message: JSON,
@@ -167,7 +185,7 @@ def send(
             queue,
             encode_json(message, "message"),
             None if headers is None else encode_json(headers, "headers"),
-            delay,
+            int32("delay", delay),
             dedupe_key,
             token,
         ),
@@ -195,7 +213,7 @@ def send_batch(
             queue,
             encode_json_list(messages, "messages"),
             *(() if headers is None else (encode_json_list(headers, "headers"),)),
-            delay,
+            int32("delay", delay),
         ),
         column,
     )
@@ -206,7 +224,7 @@ def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:
     return Call(
         "read",
         f"SELECT {_RECORD} FROM pgqueue.read(%s, %s, %s)",
-        (queue, vt, qty),
+        (queue, int32("vt", vt), int32("qty", qty)),
         _messages(queue),
     )
 
@@ -218,7 +236,13 @@ def read_with_poll(
     return Call(
         "read_with_poll",
         f"SELECT {_RECORD} FROM pgqueue.read_with_poll(%s, %s, %s, %s, %s)",
-        (queue, vt, qty, max_poll_seconds, poll_interval_ms),
+        (
+            queue,
+            int32("vt", vt),
+            int32("qty", qty),
+            int32("max_poll_seconds", max_poll_seconds),
+            int32("poll_interval_ms", poll_interval_ms),
+        ),
         _messages(queue),
     )
 
@@ -228,7 +252,7 @@ def pop(queue: str, qty: int = 1) -> Call[list[Message]]:
     return Call(
         "pop",
         f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)",
-        (queue, qty),
+        (queue, int32("qty", qty)),
         _messages(queue),
         retryable=False,
     )
@@ -274,13 +298,13 @@ def set_vt(queue: str, msg_id: int, vt: int, error: str | None = None) -> Call[M
         return Call(
             "set_vt",
             f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
-            (queue, msg_id, vt),
+            (queue, msg_id, int32("vt", vt)),
             _first_message(queue),
         )
     return Call(
         "set_vt",
         f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text)",
-        (queue, msg_id, vt, error),
+        (queue, msg_id, int32("vt", vt), error),
         _first_message(queue),
     )
 
@@ -290,7 +314,7 @@ def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMe
     return Call(
         "peek",
         "SELECT * FROM pgqueue.peek(%s, %s, %s)",
-        (queue, qty, after_msg_id),
+        (queue, int32("qty", qty), after_msg_id),
         lambda rows: [PeekedMessage(queue, *r) for r in rows],
     )
 
