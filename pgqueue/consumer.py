@@ -205,8 +205,12 @@ class _Task:
 class _Batch:
     """The messages of one read of a queue whose handler takes them all at once."""
 
-    tasks: list[_Task]
-    handler: Handler
+    tasks: list[_Task]  # never empty
+
+    @property
+    def handler(self) -> Handler:
+        """The queue's handler (every task of a read shares it)."""
+        return self.tasks[0].handler
 
 
 # What a database call of the runtime may raise: pgqueue's own errors, and a
@@ -287,9 +291,7 @@ class _Acker:
         self._thread.start()
 
     def add(self, task: _Task, result: Any) -> None:
-        with self._cond:
-            self._pending.append((task, result))
-            self._cond.notify()
+        self.add_many([(task, result)])
 
     def add_many(self, items: list[tuple[_Task, Any]]) -> None:
         with self._cond:
@@ -477,7 +479,7 @@ class Worker:
             read_at = time.monotonic()
             handler = self.app.handlers[queue]
             tasks = [_Task(msg, handler, read_at, read_at + s.vt) for msg in msgs]
-            self._start(tasks, _Batch(tasks, handler) if handler.batch and tasks else None)
+            self._start(tasks, _Batch(tasks) if handler.batch and tasks else None)
             started += len(msgs)
         self._turn += 1
         return started
@@ -596,12 +598,7 @@ class Worker:
                 return
             self._done(task)
         except Poison as exc:
-            if not task.abandoned:
-                reason = str(exc) or "poisoned by its handler"
-                self._quietly(
-                    "message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason
-                )
-                self._msg_log(msg).warning("message.poisoned", reason=reason)
+            self._poison(task, exc)
         except Exception as exc:
             # The user's handler failed (any exception is its business, not
             # ours): the message goes back with a backoff; after max_attempts
@@ -610,6 +607,15 @@ class Worker:
                 self._nack(task, exc, self._msg_log(msg))
         finally:
             self._forget(task)
+
+    def _poison(self, task: _Task, exc: Poison) -> None:
+        """Poison the message at once, as its handler asked (not if given back meanwhile)."""
+        if task.abandoned:
+            return
+        msg = task.msg
+        reason = str(exc) or "poisoned by its handler"
+        self._quietly("message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason)
+        self._msg_log(msg).warning("message.poisoned", reason=reason)
 
     def _process_batch(self, batch: _Batch) -> None:
         tasks = [t for t in batch.tasks if not t.abandoned]  # not given back before it started
@@ -632,14 +638,8 @@ class Worker:
                 self.log.warning("message.late_result_ignored", count=len(tasks) - len(done))
             self._acker.add_many(done)
         except Poison as exc:
-            reason = str(exc) or "poisoned by its handler"
             for task in tasks:
-                if not task.abandoned:
-                    msg = task.msg
-                    self._quietly(
-                        "message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason
-                    )
-                    self._msg_log(msg).warning("message.poisoned", reason=reason)
+                self._poison(task, exc)
         except Exception as exc:
             for task in tasks:
                 if not task.abandoned:
@@ -650,12 +650,7 @@ class Worker:
 
     def _call_batch(self, handler: Handler, msgs: list[Message]) -> list[Any]:
         """The batch handler's results, one per message (None for each when it returned None)."""
-        if handler.is_async:
-            loop = self._event_loop()
-            result = asyncio.run_coroutine_threadsafe(handler.func(msgs), loop).result()
-        else:
-            result = handler.func(msgs)
-        return self._batch_results(handler, msgs, result)
+        return self._batch_results(handler, msgs, self._call(handler, msgs))
 
     @staticmethod
     def _batch_results(handler: Handler, msgs: list[Message], result: Any) -> list[Any]:
@@ -740,10 +735,11 @@ class Worker:
             return None
         return result
 
-    def _call(self, handler: Handler, msg: Message) -> Any:
+    def _call(self, handler: Handler, arg: Message | list[Message]) -> Any:
+        """The handler's return value: called in this thread, or awaited on the event loop."""
         if not handler.is_async:
-            return handler.func(msg)
-        return asyncio.run_coroutine_threadsafe(handler.func(msg), self._event_loop()).result()
+            return handler.func(arg)
+        return asyncio.run_coroutine_threadsafe(handler.func(arg), self._event_loop()).result()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._tasks_lock:
