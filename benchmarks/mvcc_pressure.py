@@ -444,15 +444,10 @@ def server_line(dsn: str) -> str:
 
 
 def throughput(args: argparse.Namespace) -> str:
-    from benchmarks.sql_calls import Scenario, pgbench
+    """pgbench on the SQL calls of section 0 (sql_calls.SCENARIOS), two designs interleaved."""
+    from benchmarks.sql_calls import SCENARIOS as scenarios
+    from benchmarks.sql_calls import pgbench
 
-    scenarios = [
-        Scenario("send, 1 conn", "send", 1, 1, 3000),
-        Scenario("send, 4 conns", "send", 4, 1, 2000),
-        Scenario("read+delete batch 100, 1 conn", "read_delete", 1, 100, 400),
-        Scenario("read+delete batch 100, 4 conns", "read_delete", 4, 100, 200),
-        Scenario("read+delete batch 1, 1 conn", "read_delete", 1, 1, 2000),
-    ]
     send = f"SELECT pgqueue.send('{QUEUE}', '{{\"n\": 1}}');"
     read_delete = (
         f"SELECT count(*) FROM pgqueue.delete('{QUEUE}',"

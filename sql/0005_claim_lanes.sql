@@ -172,29 +172,21 @@ $$;
 -- The six sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast floor
 -- of each lane (and msg_id of the fresh one), safe floor of each lane, and the
 -- earliest time of the next late sweep.
-CREATE FUNCTION pgqueue._create_lane_seqs(queue_id integer) RETURNS void
+-- One list of them, for creating (creating => true) and dropping.
+CREATE FUNCTION pgqueue._lane_seqs(queue_id integer, creating boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     w text;
 BEGIN
     FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep'] LOOP
-        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS pgqueue.%I AS bigint', 'lane_' || queue_id || '_' || w);
+        EXECUTE format(CASE WHEN creating THEN 'CREATE SEQUENCE IF NOT EXISTS pgqueue.%I AS bigint'
+                            ELSE 'DROP SEQUENCE IF EXISTS pgqueue.%I' END,
+                       'lane_' || queue_id || '_' || w);
     END LOOP;
 END
 $$;
 
-CREATE FUNCTION pgqueue._drop_lane_seqs(queue_id integer) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    w text;
-BEGIN
-    FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep'] LOOP
-        EXECUTE format('DROP SEQUENCE IF EXISTS pgqueue.%I', 'lane_' || queue_id || '_' || w);
-    END LOOP;
-END
-$$;
-
-SELECT pgqueue._create_lane_seqs(queue_id) FROM pgqueue.queue;
+SELECT pgqueue._lane_seqs(queue_id, true) FROM pgqueue.queue;
 
 -- The oldest time a transaction that the current snapshot cannot see yet may
 -- have stamped as a vt (see the argument at the top); -infinity when unknown.
@@ -267,7 +259,7 @@ BEGIN
     VALUES (v_id, create_queue.queue_name, create_queue.max_attempts, ('pgqueue.' || v_seq)::regclass)
     ON CONFLICT (queue_name) DO NOTHING;
     IF FOUND THEN
-        PERFORM pgqueue._create_lane_seqs(v_id);
+        PERFORM pgqueue._lane_seqs(v_id, true);
     ELSE
         -- A concurrent create_queue committed first: keep its row, drop our sequence.
         EXECUTE format('DROP SEQUENCE pgqueue.%I', v_seq);
@@ -302,7 +294,7 @@ BEGIN
     DELETE FROM pgqueue.waiter WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.recheck WHERE queue_id = q.queue_id;
     DELETE FROM pgqueue.queue WHERE queue_id = q.queue_id;
-    PERFORM pgqueue._drop_lane_seqs(q.queue_id);
+    PERFORM pgqueue._lane_seqs(q.queue_id, false);
     RETURN true;
 END
 $$;
