@@ -39,9 +39,44 @@ def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+class Cluster:
+    """A private cluster this process started: its DSN, and a way to restart it."""
+
+    def __init__(self, bindir: str, root: str, data: str, options: str, port: int) -> None:
+        self.bindir, self.root, self.data, self.options, self.port = (
+            bindir,
+            root,
+            data,
+            options,
+            port,
+        )
+        self.dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def _ctl(self, *args: str, check: bool = True) -> None:
+        subprocess.run(
+            _as_postgres([f"{self.bindir}/pg_ctl", "-D", self.data, *args]),
+            check=check,
+            capture_output=True,
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        log = os.path.join(self.root, "log")
+        self._ctl("-o", self.options, "-w", "-t", "120", "-l", log, "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` rolls back and disconnects, `immediate` crashes it."""
+        self._ctl("-m", mode, "-w", "stop", check=False)
+
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop (crash, by default) and start again; committed work survives."""
+        self.stop(mode)
+        self.start()
+
+
 @contextmanager
-def private_server() -> Iterator[str]:
-    """A stock Postgres cluster on 127.0.0.1 (trust auth, database `postgres`); its DSN."""
+def private_cluster(settings: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A stock Postgres cluster on 127.0.0.1 (trust auth, database `postgres`), removed after."""
     bindir = _bindir()
     root = tempfile.mkdtemp(prefix="pgqueue-bench-pg-")
     data = os.path.join(root, "data")
@@ -54,28 +89,19 @@ def private_server() -> Iterator[str]:
         capture_output=True,
     )
     options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
-    subprocess.run(
-        _as_postgres(
-            [
-                f"{bindir}/pg_ctl",
-                "-D",
-                data,
-                "-o",
-                options,
-                "-w",
-                "-l",
-                os.path.join(root, "log"),
-                "start",
-            ]
-        ),
-        check=True,
-        capture_output=True,
-    )
+    for name, value in (settings or {}).items():
+        options += f" -c {name}={value}"
+    cluster = Cluster(bindir, root, data, options, port)
+    cluster.start()
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield cluster
     finally:
-        subprocess.run(
-            _as_postgres([f"{bindir}/pg_ctl", "-D", data, "-m", "fast", "-w", "stop"]),
-            capture_output=True,
-        )
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def private_server() -> Iterator[str]:
+    """A stock Postgres cluster on 127.0.0.1 (trust auth, database `postgres`); its DSN."""
+    with private_cluster() as cluster:
+        yield cluster.dsn

@@ -1,7 +1,8 @@
-"""A TCP proxy between a client and Postgres that can cut connections on cue.
+"""A TCP proxy between a client and Postgres that can cut or stall connections on cue.
 
 Used to produce the faults a real network produces: a connection that dies
-after the server committed but before the client heard back.
+after the server committed but before the client heard back, every connection
+cut at once, or a link that stops carrying bytes for a while.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._cut_on: bytes | None = None
         self.cuts = 0
-        self._conns: list[socket.socket] = []
+        self._pairs: list[_Pair] = []
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -42,13 +45,33 @@ class FaultProxy:
         with self._lock:
             self._cut_on = marker
 
+    def cut_all(self) -> int:
+        """Cut every open connection at once; how many were cut."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            pair.close()
+        return len(pairs)
+
+    def stall(self, seconds: float) -> None:
+        """Stop carrying bytes either way for `seconds`; connections stay open."""
+        self._flowing.clear()
+        threading.Timer(seconds, self._flowing.set).start()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections currently proxied."""
+        with self._lock:
+            self._pairs = [p for p in self._pairs if not p.closed]
+            return len(self._pairs)
+
     def close(self) -> None:
         """Stop listening and cut every connection."""
         _close(self._listener)
         with self._lock:
             self._closed = True
-            for s in self._conns:
-                _close(s)
+        self._flowing.set()
+        self.cut_all()
 
     def _accept(self) -> None:
         while True:
@@ -57,14 +80,18 @@ class FaultProxy:
             except OSError:
                 return
             server = socket.socket(self._target[0], socket.SOCK_STREAM)
-            server.connect(self._target[1])
+            try:
+                server.connect(self._target[1])
+            except OSError:  # the server is down: the client sees a refused connection
+                _close(client)
+                _close(server)
+                continue
+            pair = _Pair(client, server, self)
             with self._lock:
                 if self._closed:  # accepted just as the proxy closed: cut it too
-                    _close(client)
-                    _close(server)
+                    pair.close()
                     return
-                self._conns += [client, server]
-            pair = _Pair(client, server, self)
+                self._pairs.append(pair)
             threading.Thread(target=pair.upstream, daemon=True).start()
             threading.Thread(target=pair.downstream, daemon=True).start()
 
@@ -81,31 +108,35 @@ class _Pair:
     def __init__(self, client: socket.socket, server: socket.socket, proxy: FaultProxy) -> None:
         self.client, self.server, self.proxy = client, server, proxy
         self.cut = threading.Event()
+        self.closed = False
 
     def upstream(self) -> None:
         try:
             while data := _recv(self.client):
+                self.proxy._flowing.wait()
                 if self.proxy._should_cut(data):
                     self.cut.set()
                     self.server.sendall(data)
                     # Let the server execute and commit, then lose its answer.
-                    threading.Timer(0.3, self._close).start()
+                    threading.Timer(0.3, self.close).start()
                     return
                 self.server.sendall(data)
         except OSError:
             pass
-        self._close()
+        self.close()
 
     def downstream(self) -> None:
         while (data := _recv(self.server)) and not self.cut.is_set():
+            self.proxy._flowing.wait()
             try:
                 self.client.sendall(data)
             except OSError:
                 break
         if not self.cut.is_set():
-            self._close()
+            self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        self.closed = True
         _close(self.client)
         _close(self.server)
 
