@@ -548,6 +548,10 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
         unconfirmed += [b for b in ledger.barriers if b not in barriers]
     bad_members = [k for k in member_keys if member_outcome.get(k) is None]
 
+    def designed(key: str) -> list[tuple[str, int]]:
+        return [k for k, (m, _) in inserted.items() if isinstance(m, dict) and m.get(key)]
+
+    slow = designed("slow")
     rep.figures.update(
         {
             "messages sent": len(inserted),
@@ -556,6 +560,12 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             "callbacks": len(callbacks),
             "barriers": len(barriers),
             "nested barriers": sum("/child" in b for b in barriers),
+            "designed to fail, then succeed": len(designed("fail")),
+            "designed to fail always": len(designed("perm")),
+            "slower than their vt": len(slow),
+            "slow ones run to the end twice": sum(
+                sum(e["e"] == "done" for e in log.get(k, [])) > 1 for k in slow
+            ),
             "acked": len(acked),
             "poisoned": len(poisoned),
             "lost": len(lost) + len(no_run),
@@ -640,7 +650,10 @@ def soak(cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workd
     codes = consumers.stop()
     proxy.close()
 
-    held = cfg.concurrency * 2  # running + waiting locally (batch = concurrency)
+    # What one consumer can have finished but not yet acked when a fault hits:
+    # its running handlers, the messages waiting locally (batch = concurrency),
+    # and one more read's worth that finished while the ack was being retried.
+    held = cfg.concurrency * 3
     c = faults.counts
     bound = (
         c["sigkill"] * held
