@@ -39,12 +39,14 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         owns_pool: bool = False,
         dsn_label: str = "the database",
+        role: str | None = None,
     ) -> None:
-        """Wrap an open async pool; `owns_pool` makes close() close it too."""
+        """Wrap an open async pool; `owns_pool` makes close() close it too; `role`: its login."""
         self.pool = pool
         self.retry = retry or RetryPolicy()
         self._owns_pool = owns_pool
         self._dsn_label = dsn_label
+        self._role = role
 
     @classmethod
     async def from_dsn(
@@ -73,11 +75,12 @@ class AsyncClient:
             conn = await psycopg.AsyncConnection.connect(
                 resolved, connect_timeout=max(1, int(connect_timeout))
             )
+            role = conn.info.user
             await conn.close()
         except psycopg.OperationalError as exc:
             raise unreachable(label, connect_timeout, exc) from exc
         await pool.open(wait=False)
-        return cls(pool, retry=retry, owns_pool=True, dsn_label=label)
+        return cls(pool, retry=retry, owns_pool=True, dsn_label=label, role=role)
 
     async def close(self) -> None:
         """Close the pool if this client opened it."""
@@ -111,7 +114,7 @@ class AsyncClient:
                             await self.pool.check()
                         raise
         except psycopg.Error as exc:
-            raise_translated(exc, call.name, self._dsn_label)
+            raise_translated(exc, call.name, self._dsn_label, self._role)
             raise
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

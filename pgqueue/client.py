@@ -47,15 +47,20 @@ def execute(conn: Connection, call: Call[T]) -> T:
     return call.result(rows)
 
 
-def raise_translated(exc: psycopg.Error, what: str, dsn_label: str) -> None:
-    """Re-raise a database error as the PgQueueError it means (or as itself)."""
+def raise_translated(
+    exc: psycopg.Error, what: str, dsn_label: str, role: str | None = None
+) -> None:
+    """Re-raise a database error as the PgQueueError it means (or as itself).
+
+    `role`, the login role of the connection, is named in a permission error.
+    """
     if is_dead_connection(exc):
         raise ConnectionLost(
             f"{what}: lost the connection to {dsn_label} and could not get a working one"
             f" back ({str(exc).strip() or type(exc).__name__}); check that the server is up"
             " and reachable, then call again"
         ) from exc
-    mapped = translate(exc)
+    mapped = translate(exc, role)
     if mapped is not None:
         raise mapped from exc
 
@@ -80,12 +85,14 @@ class Client:
         retry: RetryPolicy | None = None,
         owns_pool: bool = False,
         dsn_label: str = "the database",
+        role: str | None = None,
     ) -> None:
-        """Wrap an open pool; `owns_pool` makes close() close it too."""
+        """Wrap an open pool; `owns_pool` makes close() close it too; `role` names its login."""
         self.pool = pool
         self.retry = retry or RetryPolicy()
         self._owns_pool = owns_pool
         self._dsn_label = dsn_label
+        self._role = role
 
     @classmethod
     def from_dsn(
@@ -123,12 +130,14 @@ class Client:
             name="pgqueue",
         )
         try:
-            # Fail fast with one clear line rather than at the first call.
-            psycopg.connect(resolved, connect_timeout=max(1, int(connect_timeout))).close()
+            # Fail fast with one clear line rather than at the first call; and
+            # learn the login role, which permission errors name.
+            with psycopg.connect(resolved, connect_timeout=max(1, int(connect_timeout))) as probe:
+                role = probe.info.user
         except psycopg.OperationalError as exc:
             raise unreachable(label, connect_timeout, exc) from exc
         pool.open(wait=False)
-        return cls(pool, retry=retry, owns_pool=True, dsn_label=label)
+        return cls(pool, retry=retry, owns_pool=True, dsn_label=label, role=role)
 
     def close(self) -> None:
         """Close the pool if this client opened it."""
@@ -171,7 +180,7 @@ class Client:
                             self.pool.check()
                         raise
         except psycopg.Error as exc:
-            raise_translated(exc, call.name, self._dsn_label)
+            raise_translated(exc, call.name, self._dsn_label, self._role)
             raise
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -288,7 +297,7 @@ class Client:
             # The wait is only an optimisation: a dead connection counts as a wake-up.
             log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
         except psycopg.Error as exc:
-            raise_translated(exc, "read_or_wait", self._dsn_label)
+            raise_translated(exc, "read_or_wait", self._dsn_label, self._role)
             raise
         return got or self.read(queue, vt=vt, qty=qty)
 

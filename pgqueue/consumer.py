@@ -388,6 +388,10 @@ class Worker:
                 " (Client.create_queue or SELECT pgqueue.create_queue(...)), or pass --queue"
                 " for the ones this worker should consume"
             )
+        # A read of nothing: a login role that may not read (docs/security.md)
+        # fails here with one PermissionDenied, not at every poll from now on.
+        for q in s.queues:
+            self.client.read(q, vt=s.vt, qty=0)
         self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
         listener = (
             _Listener(s.listen_dsn or self._dsn(), s.queues, self._stopping) if s.listen else None

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from pgqueue.errors import MigrationError
+from pgqueue.errors import MigrationError, permission_denied
 
 log = structlog.get_logger("pgqueue")
 
@@ -76,41 +76,85 @@ def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
     """Apply every pending migration, each in its own transaction; the ones applied now.
 
     Safe to call from many processes at once and to call again: a migration
-    already recorded in pgqueue.schema_version is never run twice.
+    already recorded in pgqueue.schema_version is never run twice. Changing
+    the schema takes the role that owns it; any role of docs/security.md may
+    call this to learn that nothing is pending.
     """
     migrations = available()
     done: list[Migration] = []
     while True:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        try:
+            step = _apply_next(conn, migrations)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise MigrationError(
+                f"role {conn.info.user} may not change schema pgqueue"
+                f" ({exc.diag.message_primary or exc}); run `pgqueue migrate` as the role that"
+                " owns the schema, the one that first migrated this database (see docs/security.md)"
+            ) from exc
+        if step is None:
+            return done
+        log.info("migration.applied", migration=step.name)
+        done.append(step)
+
+
+def _apply_next(conn: psycopg.Connection[Any], migrations: list[Migration]) -> Migration | None:
+    """Apply the first pending migration in one transaction, under the lock; None if none is."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        # Only when missing: creating (even IF NOT EXISTS) takes a right on the
+        # database that the roles which merely check for pending work lack.
+        found = conn.execute("SELECT to_regclass('pgqueue.schema_version')").fetchone()
+        if found is None or found[0] is None:
             conn.execute("CREATE SCHEMA IF NOT EXISTS pgqueue")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS pgqueue.schema_version ("
                 " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            applied = _applied(conn)
-            _check_unchanged(migrations, applied)
-            pending = [m for m in migrations if m.version not in applied]
-            if not pending:
-                return done
-            step = pending[0]
-            try:
-                conn.execute(step.sql.encode())
-            except psycopg.Error as exc:
-                raise MigrationError(f"migration {step.name} failed: {exc}".strip()) from exc
-            conn.execute(
-                "INSERT INTO pgqueue.schema_version (version, name, checksum) VALUES (%s, %s, %s)",
-                (step.version, step.name, step.checksum),
+        applied = _applied(conn)
+        _check_unchanged(migrations, applied)
+        pending = [m for m in migrations if m.version not in applied]
+        if not pending:
+            return None
+        step = pending[0]
+
+        # A migration's NOTICEs are for whoever runs it (0007's says which
+        # roles it could not create): into the log.
+        def notice(diag: psycopg.errors.Diagnostic) -> None:
+            log.warning(
+                "migration.notice",
+                migration=step.name,
+                message=diag.message_primary,
+                hint=diag.message_hint,
             )
-        log.info("migration.applied", migration=step.name)
-        done.append(step)
+
+        conn.add_notice_handler(notice)
+        try:
+            conn.execute(step.sql.encode())
+        except psycopg.errors.InsufficientPrivilege:
+            raise  # not the owner: said so by migrate()
+        except psycopg.Error as exc:
+            raise MigrationError(f"migration {step.name} failed: {exc}".strip()) from exc
+        finally:
+            conn.remove_notice_handler(notice)
+        conn.execute(
+            "INSERT INTO pgqueue.schema_version (version, name, checksum) VALUES (%s, %s, %s)",
+            (step.version, step.name, step.checksum),
+        )
+    return step
 
 
 def current_version(conn: psycopg.Connection[Any]) -> int | None:
-    """The newest applied migration number, or None when pgqueue was never migrated here."""
-    exists = conn.execute("SELECT to_regclass('pgqueue.schema_version') IS NOT NULL").fetchone()
-    if not exists or not exists[0]:
-        return None
-    row = conn.execute("SELECT max(version) FROM pgqueue.schema_version").fetchone()
+    """The newest applied migration number, or None when pgqueue was never migrated here.
+
+    Works for the owner and for every role of docs/security.md; any other role
+    gets a PermissionDenied that names the roles to grant.
+    """
+    try:
+        exists = conn.execute("SELECT to_regclass('pgqueue.schema_version') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute("SELECT max(version) FROM pgqueue.schema_version").fetchone()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise permission_denied(exc.diag.message_primary or str(exc), conn.info.user) from exc
     return None if row is None or row[0] is None else int(row[0])
