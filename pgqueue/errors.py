@@ -129,6 +129,12 @@ def translate(exc: psycopg.Error, role: str | None = None) -> PgQueueError | Non
             f"{primary}: the database is missing pgqueue's schema or a newer part of it;"
             " run `pgqueue migrate` (or Client.migrate()) against it"
         )
+    if state == "54000" and "jsonb" in primary:
+        return InvalidMessage(
+            f"{primary}: a message and its headers are stored as jsonb, which holds at most"
+            " 255 MB in one string and 255 MB in all; store large data elsewhere and send a"
+            " reference to it. Nothing was enqueued"
+        )
     if state in _INVALID_ARGUMENT_STATES:
         return InvalidArgument(primary + hint)
     if state is None and isinstance(exc, psycopg.DataError):

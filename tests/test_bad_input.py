@@ -1,7 +1,8 @@
 """Bad input at the Python and SQL boundaries, tried systematically: a clear error, nothing lost.
 
 Queue names with quotes and semicolons, numbers far outside what Postgres'
-integer holds, payloads with NUL characters and odd JSON. Every call either
+integer holds, payloads with NUL characters and odd JSON, a 20 MB payload and
+one past what jsonb can hold. Every call either
 works as documented or raises pgqueue's InvalidArgument/InvalidMessage (never
 a raw driver error), and a refused call leaves the queue as it was.
 """
@@ -116,6 +117,25 @@ def test_payloads_round_trip_or_are_refused_whole(
     assert as_decimals(got.message) == as_decimals(payload)
     for key, value in (headers or {}).items():
         assert as_decimals(got.headers[key]) == as_decimals(value)
+
+
+def test_a_20_mb_payload_round_trips(client: Client) -> None:
+    client.create_queue("big")
+    payload = {"blob": "x" * (20 * 1024 * 1024), "n": 1}
+    msg_id = client.send("big", payload)
+    [got] = client.read("big", vt=30)
+    assert (got.msg_id, got.message) == (msg_id, payload)
+    assert client.delete("big", msg_id)
+
+
+def test_a_payload_past_what_jsonb_holds_is_refused_whole(client: Client) -> None:
+    client.create_queue("big")
+    too_big = {"blob": "x" * (1 << 28)}  # one byte past jsonb's longest string
+    with pytest.raises(InvalidMessage, match="store large data elsewhere"):
+        client.send("big", too_big)
+    with pytest.raises(InvalidMessage, match="Nothing was enqueued"):
+        client.send_batch("big", [{"n": 1}, too_big, {"n": 2}])
+    assert live(client, "big") == 0
 
 
 SQL_CASES = [
