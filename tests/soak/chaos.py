@@ -102,6 +102,7 @@ class Config:
     scenario_jobs: int = 3000
     scenario_timeout: float = 60.0
     seed: int = 0
+    roles: bool = False  # producers and consumers log in as docs/security.md's roles
 
     @classmethod
     def preset(cls, mode: str) -> Config:
@@ -138,11 +139,33 @@ def create_database(server_dsn: str, queues: dict[str, int]) -> str:
     return dsn
 
 
+def login_roles(dsn: str, enabled: bool) -> tuple[str, str]:
+    """DSNs for the producers and the consumers: least-privilege login roles when enabled.
+
+    The roles are cluster-wide, so this is only for a private cluster.
+    """
+    if not enabled:
+        return dsn, dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for login, group in (("soak_producer", "producer"), ("soak_consumer", "consumer")):
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone():
+                conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE pgqueue_{group}")
+        # The callback handler's own effect, written in its transaction with the ack.
+        conn.execute("GRANT INSERT ON soak_callback TO soak_consumer")
+    return with_dbname(dsn, _dbname(dsn), user="soak_producer"), with_dbname(
+        dsn, _dbname(dsn), user="soak_consumer"
+    )
+
+
+def _dbname(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn)["dbname"])
+
+
 @contextlib.contextmanager
 def observer(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A direct connection the faults leave alone (except a server restart)."""
     conn = psycopg.connect(
-        with_dbname(dsn, str(conninfo_to_dict(dsn)["dbname"]), application_name=OBSERVER),
+        with_dbname(dsn, _dbname(dsn), application_name=OBSERVER),
         autocommit=True,
         connect_timeout=5,
     )
@@ -628,11 +651,14 @@ def soak(cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workd
     logdir = workdir / "soak"
     logdir.mkdir(parents=True)
     proxy = FaultProxy(dsn)
-    consumers = Consumers(proxy.dsn, logdir, [WORK, CALLBACKS], cfg)
+    producer_dsn, consumer_dsn = login_roles(proxy.dsn, cfg.roles)
+    consumers = Consumers(consumer_dsn, logdir, [WORK, CALLBACKS], cfg)
     for _ in range(cfg.consumers):
         consumers.spawn()
     ledger, stop_producing, stop_faults = Ledger(), threading.Event(), threading.Event()
-    producers = [Producer(i, proxy.dsn, cfg, ledger, stop_producing) for i in range(cfg.producers)]
+    producers = [
+        Producer(i, producer_dsn, cfg, ledger, stop_producing) for i in range(cfg.producers)
+    ]
     faults = Faults(cfg, dsn, consumers, proxy, restart, stop_faults)
     t0 = time.time()
     for p in producers:
@@ -672,6 +698,7 @@ def soak(cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workd
         {
             "chaos seconds": round(t1 - t0),
             "consumers": cfg.consumers,
+            "logged in as": "soak_producer, soak_consumer" if cfg.roles else "the owner",
             "consumer processes started": consumers.started,
             "faults": dict(sorted(c.items())),
             "producer retries": ledger.retries,
@@ -780,8 +807,9 @@ def scenario(
     dsn = create_database(server_dsn, {JOBS: cfg.max_attempts})
     logdir = workdir / name
     logdir.mkdir(parents=True)
+    producer_dsn, consumer_dsn = login_roles(dsn, cfg.roles)
     consumers = Consumers(
-        dsn, logdir, [JOBS], Config(**{**cfg.__dict__, "concurrency": 4, "vt": 3})
+        consumer_dsn, logdir, [JOBS], Config(**{**cfg.__dict__, "concurrency": 4, "vt": 3})
     )
     for _ in range(2):
         consumers.spawn()
@@ -814,7 +842,7 @@ def scenario(
         "repeated_kills": repeated_kills,
     }
     with Client.from_dsn(
-        dsn, max_size=2, retry=RetryPolicy(attempts=30, deadline_seconds=60)
+        producer_dsn, max_size=2, retry=RetryPolicy(attempts=30, deadline_seconds=60)
     ) as client:
         wait_for_consumers(dsn)
         base = run_phase(dsn, client, cfg, None)
@@ -905,6 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="messages per second sent (overrides the mode)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--no-roles",
+        action="store_true",
+        help="producers and consumers log in as the owner, not as pgqueue_producer/_consumer",
+    )
+    ap.add_argument(
         "--dsn",
         help="use this server instead of a private one (no server restarts then)",
     )
@@ -930,6 +963,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 cluster = stack.enter_context(private_cluster())
                 server_dsn, restart = cluster.dsn, cluster.restart
+                cfg.roles = not args.no_roles
             except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                 server_dsn = os.environ.get("PGQUEUE_TEST_DSN", LOCAL_DSN)
                 print(f"no private server ({exc}): using {server_dsn}, without restarts")
