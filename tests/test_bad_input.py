@@ -2,9 +2,9 @@
 
 Queue names with quotes and semicolons, numbers far outside what Postgres'
 integer holds, payloads with NUL characters and odd JSON, a 20 MB payload and
-one past what jsonb can hold. Every call either
-works as documented or raises pgqueue's InvalidArgument/InvalidMessage (never
-a raw driver error), and a refused call leaves the queue as it was.
+one past what jsonb can hold. Every call either works as documented or raises
+pgqueue's InvalidArgument/InvalidMessage (never a raw driver error), and a
+refused call leaves the queue as it was.
 """
 
 from __future__ import annotations
