@@ -44,10 +44,10 @@ def _server_dsn(tmp_root: Path) -> str:
     return start_embedded(tmp_root / "embedded-pg")
 
 
-def with_dbname(dsn: str, dbname: str) -> str:
-    """The same server, another database."""
+def with_dbname(dsn: str, dbname: str, **extra: Any) -> str:
+    """The same server, another database (and any other connection parameters in `extra`)."""
     params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["dbname"] = dbname
+    params.update(dbname=dbname, **extra)
     return make_conninfo("", **params)
 
 

@@ -48,8 +48,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent.parent)]
 
 import psycopg  # noqa: E402
+from conftest import LOCAL_DSN, with_dbname  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 from soak_app import CALLBACKS, JOBS, WORK  # noqa: E402
 
 from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
@@ -57,7 +58,6 @@ from pgqueue.log import configure_logging  # noqa: E402
 from pgqueue.migrate import migrate  # noqa: E402
 
 OBSERVER = "soak-observer"
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 AUDIT = """
 CREATE TABLE soak_audit (
@@ -115,13 +115,6 @@ class Config:
 
 
 # -- the database and the processes ------------------------------------------------
-
-
-def with_dbname(dsn: str, dbname: str, **extra: Any) -> str:
-    """The same server, another database."""
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params.update(dbname=dbname, **extra)
-    return make_conninfo("", **params)
 
 
 def create_database(server_dsn: str, queues: dict[str, int]) -> str:
@@ -540,11 +533,14 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     executions = sum(sum(e["e"] == "start" for e in evs) for evs in log.values())
 
     # Barriers: each fired once, its counts right three ways (members, callback, design).
-    callbacks_of = Counter(inserted[k][1].get("barrier_id") for k in callbacks)
+    callback_headers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for k in callbacks:
+        callback_headers[inserted[k][1].get("barrier_id")].append(inserted[k][1])
+    callbacks_of = {b: len(hs) for b, hs in callback_headers.items()}
     stranded = [b for b, row in barriers.items() if row[3] != "fired"]
-    twice = [b for b in barriers if callbacks_of[b] > 1 or effects[b] > 1]
+    twice = [b for b in barriers if callbacks_of.get(b, 0) > 1 or effects[b] > 1]
     missing = [
-        b for b in barriers if row_fired(barriers[b]) and (callbacks_of[b] == 0 or effects[b] == 0)
+        b for b in barriers if row_fired(barriers[b]) and (b not in callbacks_of or effects[b] == 0)
     ]
     wrong = []
     for bid, (total, succeeded, failed, _state) in barriers.items():
@@ -555,12 +551,11 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             for mid, _ in members[bid]
             if ("soak_work", mid) in inserted
         )
-        cb = [inserted[k][1] for k in callbacks if inserted[k][1].get("barrier_id") == bid]
         counts_ok = total == len(outs) and succeeded == ok and failed == len(outs) - ok
         design_ok = failed == designed_fail
         cb_ok = all(
             (h.get("total"), h.get("succeeded"), h.get("failed")) == (total, succeeded, failed)
-            for h in cb
+            for h in callback_headers.get(bid, [])
         )
         if not (counts_ok and design_ok and cb_ok):
             wrong.append(bid)
@@ -600,8 +595,14 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             "duplicate bound": bound,
         }
     )
-    if len(inserted) != len(acked) + len(poisoned) + len(present) + len(lost):
-        rep.failures.append("sent != acked + poisoned + stuck + lost")
+    # Every exit accounted for: what left the queue had entered it, and what
+    # the poison table holds left the queue (so sent = acked + poisoned + stuck + lost).
+    strays = [k for k in deleted if k not in inserted] + [k for k in poisoned if k not in deleted]
+    rep.fail(
+        "exits without a matching entry (not in the audit, or poisoned but not removed)",
+        len(strays),
+        strays,
+    )
     rep.fail("lost: in the queue once, then gone with no trace", len(lost), lost)
     rep.fail("acked without a successful run", len(no_run), no_run)
     rep.fail("stuck in the queue after the drain", len(present), sorted(present))

@@ -156,3 +156,14 @@ def test_a_short_soak_under_faults_loses_nothing_and_calls_back_once(
     assert {"sigkill", "terminate", "cut", "stall"} <= set(faults)
     assert rep.figures["barriers"] > 0 and rep.figures["lost"] == 0
     assert os.listdir(tmp_path / "soak")
+
+
+def test_the_checker_finds_an_exit_without_an_entry(soak_db: str, logdir: Path) -> None:
+    with Client.from_dsn(soak_db) as client:
+        run_by_hand(client, soak_db)
+    with psycopg.connect(soak_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message)"
+            " SELECT queue_id, 999999, 1, now(), 'forged', '{}' FROM pgqueue.queue LIMIT 1"
+        )
+    assert "exits without a matching entry" in failures(soak_db, logdir)
