@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgqueue import barrier as _barrier
 from pgqueue import queue as _queue
 from pgqueue.calls import Call
-from pgqueue.client import connection_kwargs, raise_translated
+from pgqueue.client import connection_kwargs, log_notice, raise_translated
 from pgqueue.queue import JSON, Message, QueueMetrics
 from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
 from pgqueue.settings import describe_dsn, require_dsn, unreachable
@@ -27,6 +27,11 @@ async def execute_async(conn: AsyncConnection, call: Call[T]) -> T:
         await cur.execute(call.sql, call.params)
         rows = await cur.fetchall() if cur.description is not None else []
     return call.result(rows)
+
+
+async def _configure(conn: AsyncConnection) -> None:
+    """What every pooled connection gets: pgqueue's notices logged (a read's poison drops)."""
+    conn.add_notice_handler(log_notice)
 
 
 class AsyncClient:
@@ -67,6 +72,7 @@ class AsyncClient:
             min_size=min_size,
             max_size=max_size,
             kwargs=connection_kwargs(connect_timeout, prepare_threshold),
+            configure=_configure,
             timeout=max(connect_timeout, 1.0),
             open=False,
             name="pgqueue-async",

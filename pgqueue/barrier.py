@@ -100,17 +100,23 @@ def complete_members(
     msg_ids: Sequence[int],
     outcomes: Sequence[str] | None = None,
     results: Sequence[Any] | None = None,
+    read_cts: Sequence[int | None] | None = None,
 ) -> Call[list[BarrierStatus]]:
-    """Ack members and count each once; the state of every barrier they belong to."""
+    """Ack members and count each once; the state of every barrier they belong to.
+
+    An entry with a read_ct acts only while that read's lease is current
+    (else it is left alone, and its barrier is not in the result).
+    """
     return Call(
         "complete_members",
         "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[],"
-        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'})",
+        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'}, %s::integer[])",
         (
             queue,
             list(msg_ids),
             None if outcomes is None else list(outcomes),
             *(() if results is None else (encode_json_list(results, "results"),)),
+            None if read_cts is None else list(read_cts),
         ),
         _statuses,
     )

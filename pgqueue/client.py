@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -23,7 +25,7 @@ from pgqueue.claims import Claim, ClaimRecord
 from pgqueue.errors import ConnectionLost, InvalidArgument, translate
 from pgqueue.poison import ANY_POISON, PoisonFilter, PoisonMessage
 from pgqueue.queue import JSON, Message, PeekedMessage, QueueInfo, QueueMetrics
-from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection
+from pgqueue.retry import NO_RETRY, RetryPolicy, is_dead_connection, is_server_not_ready
 from pgqueue.settings import (
     UNSET,
     Unset,
@@ -65,6 +67,34 @@ def raise_translated(
         raise mapped from exc
 
 
+# The NOTICE a read raises for each message it poison-dropped (sql/0008_fences.sql):
+# the rows a read returns are only the ones it delivered.
+SQLSTATE_POISONED_NOTICE = "PGQ10"
+
+
+def log_notice(diag: psycopg.errors.Diagnostic) -> None:
+    """Log what pgqueue's SQL tells the client by NOTICE: one line per message a read poisoned."""
+    if diag.sqlstate != SQLSTATE_POISONED_NOTICE:
+        return
+    try:
+        what = json.loads(diag.message_detail or "")
+    except ValueError:
+        return
+    log.warning(
+        "message.poisoned",
+        queue=what.get("queue"),
+        msg_id=what.get("msg_id"),
+        read_ct=what.get("read_ct"),
+        reason=what.get("reason"),
+        by="read",
+    )
+
+
+def configure_connection(conn: psycopg.Connection[Any]) -> None:
+    """What every pooled connection of a Client gets: pgqueue's notices logged."""
+    conn.add_notice_handler(log_notice)
+
+
 def connection_kwargs(connect_timeout: float, prepare_threshold: int | None) -> dict[str, Any]:
     """Connection settings every pgqueue connection uses."""
     return {
@@ -73,6 +103,29 @@ def connection_kwargs(connect_timeout: float, prepare_threshold: int | None) -> 
         "prepare_threshold": prepare_threshold,
         "application_name": "pgqueue",
     }
+
+
+def _probe(dsn: str, label: str, connect_timeout: float, wait_seconds: float) -> str:
+    """The login role of a first connection; waits up to wait_seconds for a server not up yet."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))) as probe:
+                return probe.info.user
+        except psycopg.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0 or not is_server_not_ready(exc):
+                error = unreachable(label, connect_timeout, exc)
+                if wait_seconds > 0 and is_server_not_ready(exc):
+                    error = ConnectionLost(f"{error}; waited {wait_seconds:g}s for it")
+                raise error from exc
+            log.warning(
+                "database.waiting",
+                dsn=label,
+                error=(str(exc).strip().splitlines() or [type(exc).__name__])[-1].strip(),
+                gives_up_in=round(left, 1),
+            )
+            time.sleep(min(1.0, left))
 
 
 class Client:
@@ -104,12 +157,16 @@ class Client:
         connect_timeout: float = 5.0,
         prepare_threshold: int | Unset | None = UNSET,
         retry: RetryPolicy | None = None,
+        wait_seconds: float = 0.0,
     ) -> Client:
         """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
 
-        Set prepare_threshold=None behind PgBouncer in transaction mode when it
-        is older than 1.21 (it cannot keep prepared statements); unset, it comes
-        from $PGQUEUE_PREPARE_THRESHOLD (a number, or "off"), else 5.
+        With `wait_seconds`, a server that is down or starting is waited for
+        that long (each wait logged as `database.waiting`); other errors, such
+        as a wrong password, still fail at once. Set prepare_threshold=None
+        behind PgBouncer in transaction mode when it is older than 1.21 (it
+        cannot keep prepared statements); unset, it comes from
+        $PGQUEUE_PREPARE_THRESHOLD (a number, or "off"), else 5.
         """
         if isinstance(prepare_threshold, Unset):
             prepare_threshold = prepare_threshold_from_env()
@@ -125,17 +182,14 @@ class Client:
             min_size=min_size,
             max_size=max_size,
             kwargs=connection_kwargs(connect_timeout, prepare_threshold),
+            configure=configure_connection,
             timeout=max(connect_timeout, 1.0),
             open=False,
             name="pgqueue",
         )
-        try:
-            # Fail fast with one clear line rather than at the first call; and
-            # learn the login role, which permission errors name.
-            with psycopg.connect(resolved, connect_timeout=max(1, int(connect_timeout))) as probe:
-                role = probe.info.user
-        except psycopg.OperationalError as exc:
-            raise unreachable(label, connect_timeout, exc) from exc
+        # Fail fast with one clear line rather than at the first call; and
+        # learn the login role, which permission errors name.
+        role = _probe(resolved, label, connect_timeout, wait_seconds)
         pool.open(wait=False)
         return cls(pool, retry=retry, owns_pool=True, dsn_label=label, role=role)
 
@@ -231,8 +285,12 @@ class Client:
 
         Retried on a dead connection: without a dedupe_key that is
         at-least-once (a retry after a lost commit reply sends a second copy);
-        with a dedupe_key it is exactly-once. With `conn`, the message commits
-        or rolls back with the caller's transaction and is not retried.
+        with a dedupe_key it is exactly-once. With a dedupe_key the id is this
+        call's own message when an earlier attempt of it committed (live or
+        consumed since); else the live message that holds the key (single
+        flight: nothing new is sent); else the new message's. With `conn`, the
+        message commits or rolls back with the caller's transaction and is not
+        retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
         """
         return self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
 
@@ -333,15 +391,38 @@ class Client:
         msg_id: int,
         vt: int,
         *,
+        read_ct: int | None = None,
         error: str | None = None,
         conn: Connection | None = None,
     ) -> Message | None:
         """Hide the message until vt seconds from now (extend a lease, or nack with a delay).
 
-        A nack may pass the `error` that made it fail: it is kept with the
-        message and quoted in the poison reason if max_attempts runs out.
+        Pass the `read_ct` your read returned: then only your lease moves, and
+        None means another reader has taken the message over since (or it is
+        gone), and nothing changed. Without it, any live message moves (an
+        operator's tool). A nack may pass the `error` that made it fail: it is
+        kept with the message and quoted in the poison reason if attempts run out.
         """
-        return self.run(_queue.set_vt(queue, msg_id, vt, error), conn)
+        return self.run(_queue.set_vt(queue, msg_id, vt, error, read_ct), conn)
+
+    def nack(
+        self,
+        queue: str,
+        msg_id: int,
+        *,
+        read_ct: int,
+        delay: int,
+        error: str | None = None,
+        conn: Connection | None = None,
+    ) -> str | None:
+        """Give a failed attempt back: "retry" (visible after delay) or "poisoned" (its last).
+
+        Only the holder of the lease that `read_ct` names can: None when another
+        reader has taken the message over since (or it is gone), and nothing
+        changed. At read_ct >= max_attempts the message goes to the poison
+        table now, with `error` in its reason, instead of at the next read.
+        """
+        return self.run(_queue.nack(queue, msg_id, read_ct, delay, error), conn)
 
     def peek(self, queue: str, *, qty: int = 10, after_msg_id: int = 0) -> list[PeekedMessage]:
         """Live messages in msg_id order, visible or not, without claiming or changing them."""
@@ -360,10 +441,20 @@ class Client:
     # -- poison -------------------------------------------------------------
 
     def poison(
-        self, queue: str, msg_id: int, reason: str, *, conn: Connection | None = None
+        self,
+        queue: str,
+        msg_id: int,
+        reason: str,
+        *,
+        read_ct: int | None = None,
+        conn: Connection | None = None,
     ) -> bool:
-        """Move a message to the poison table now, with a reason; False if already gone."""
-        return self.run(_poison.poison(queue, msg_id, reason), conn)
+        """Move a message to the poison table now, with a reason; False if already gone.
+
+        With the `read_ct` your read returned, only while your lease is the
+        current one (False, and nothing changed, once another reader took it over).
+        """
+        return self.run(_poison.poison(queue, msg_id, reason, read_ct), conn)
 
     def poison_list(
         self,
@@ -446,10 +537,18 @@ class Client:
         *,
         outcome: str = "succeeded",
         result: JSON = None,
+        read_ct: int | None = None,
         conn: Connection | None = None,
     ) -> BarrierStatus | None:
-        """Ack a member and count it once; its barrier's state after, or None if not a member."""
-        statuses = self.run(_barrier.complete_members(queue, [msg_id], [outcome], [result]), conn)
+        """Ack a member and count it once; its barrier's state after, or None if not a member.
+
+        With `read_ct` (for a failure: it speaks for one attempt) it acts only
+        while that read's lease is current; None then also means it did not.
+        """
+        call = _barrier.complete_members(
+            queue, [msg_id], [outcome], [result], None if read_ct is None else [read_ct]
+        )
+        statuses = self.run(call, conn)
         return statuses[0] if statuses else None
 
     def complete_members(
@@ -459,10 +558,16 @@ class Client:
         *,
         outcomes: Sequence[str] | None = None,
         results: Sequence[JSON] | None = None,
+        read_cts: Sequence[int | None] | None = None,
         conn: Connection | None = None,
     ) -> list[BarrierStatus]:
-        """Ack and count many members in one transaction; the state of each barrier touched."""
-        return self.run(_barrier.complete_members(queue, msg_ids, outcomes, results), conn)
+        """Ack and count many members in one transaction; the state of each barrier touched.
+
+        An entry with a read_ct acts only while that read's lease is current.
+        """
+        return self.run(
+            _barrier.complete_members(queue, msg_ids, outcomes, results, read_cts), conn
+        )
 
     def barrier_status(self, barrier_id: str) -> BarrierStatus:
         """The barrier's progress; raises BarrierNotFound for an unknown id."""

@@ -82,9 +82,10 @@ def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
     """
     migrations = available()
     done: list[Migration] = []
+    noted: set[tuple[str | None, str | None]] = set()
     while True:
         try:
-            step = _apply_next(conn, migrations)
+            step = _apply_next(conn, migrations, noted)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise MigrationError(
                 f"role {conn.info.user} may not change schema pgqueue"
@@ -97,8 +98,16 @@ def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
         done.append(step)
 
 
-def _apply_next(conn: psycopg.Connection[Any], migrations: list[Migration]) -> Migration | None:
-    """Apply the first pending migration in one transaction, under the lock; None if none is."""
+def _apply_next(
+    conn: psycopg.Connection[Any],
+    migrations: list[Migration],
+    noted: set[tuple[str | None, str | None]],
+) -> Migration | None:
+    """Apply the first pending migration in one transaction, under the lock; None if none is.
+
+    A NOTICE already in `noted` is not logged again (each migration that adds
+    API functions ends with grant_roles(), which repeats its advice).
+    """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         # Only when missing: creating (even IF NOT EXISTS) takes a right on the
@@ -121,6 +130,10 @@ def _apply_next(conn: psycopg.Connection[Any], migrations: list[Migration]) -> M
         # A migration's NOTICEs are for whoever runs it (0007's says which
         # roles it could not create): into the log.
         def notice(diag: psycopg.errors.Diagnostic) -> None:
+            key = (diag.message_primary, diag.message_hint)
+            if key in noted:
+                return
+            noted.add(key)
             log.warning(
                 "migration.notice",
                 migration=step.name,

@@ -28,9 +28,19 @@ def _poison_messages(rows: list[Row]) -> list[PoisonMessage]:
     return [PoisonMessage(*r) for r in rows]
 
 
-def poison(queue: str, msg_id: int, reason: str) -> Call[bool]:
-    """Move a live message to the poison table now; False if it was already gone."""
-    return Call("poison", "SELECT pgqueue.poison(%s, %s, %s)", (queue, msg_id, reason), scalar)
+def poison(queue: str, msg_id: int, reason: str, read_ct: int | None = None) -> Call[bool]:
+    """Move a live message to the poison table now; False if it was already gone.
+
+    With `read_ct`, only while that read's lease is the current one (False otherwise).
+    """
+    if read_ct is None:
+        return Call("poison", "SELECT pgqueue.poison(%s, %s, %s)", (queue, msg_id, reason), scalar)
+    return Call(
+        "poison",
+        "SELECT pgqueue.poison(%s, %s, %s, %s::integer)",
+        (queue, msg_id, reason, read_ct),
+        scalar,
+    )
 
 
 def poison_list(

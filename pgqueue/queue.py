@@ -288,12 +288,23 @@ def archive_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
     )
 
 
-def set_vt(queue: str, msg_id: int, vt: int, error: str | None = None) -> Call[Message | None]:
+def set_vt(
+    queue: str, msg_id: int, vt: int, error: str | None = None, read_ct: int | None = None
+) -> Call[Message | None]:
     """Make the message visible again vt seconds from now; None if it is gone.
 
+    With `read_ct` (the one the read returned) only the holder of that lease
+    moves it: None also when another reader has taken the message over since.
     An `error` is kept with the message (the latest one wins) and quoted in
     the poison reason if the message is poison-dropped later.
     """
+    if read_ct is not None:
+        return Call(
+            "set_vt",
+            f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text, %s)",
+            (queue, msg_id, int32("vt", vt), error, int32("read_ct", read_ct)),
+            _first_message(queue),
+        )
     if error is None:
         return Call(
             "set_vt",
@@ -306,6 +317,31 @@ def set_vt(queue: str, msg_id: int, vt: int, error: str | None = None) -> Call[M
         f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text)",
         (queue, msg_id, int32("vt", vt), error),
         _first_message(queue),
+    )
+
+
+def nack(
+    queue: str, msg_id: int, read_ct: int, delay: int, error: str | None = None
+) -> Call[str | None]:
+    """The holder's nack: "retry" (visible after delay), "poisoned" (its last attempt), or None.
+
+    None: the lease that read_ct names is not the current one, and nothing changed.
+    """
+    return Call(
+        "nack",
+        "SELECT pgqueue.nack(%s, %s, %s, %s, %s::text)",
+        (queue, msg_id, int32("read_ct", read_ct), int32("delay", delay), error),
+        scalar,
+    )
+
+
+def hold_leases(queue: str, leases: Sequence[tuple[int, int]]) -> Call[list[int]]:
+    """Lock until the transaction ends the messages still leased as (msg_id, read_ct); their ids."""
+    return Call(
+        "hold_leases",
+        "SELECT * FROM pgqueue.hold_leases(%s, %s::bigint[], %s::integer[])",
+        (queue, [m for m, _ in leases], [r for _, r in leases]),
+        column,
     )
 
 

@@ -30,6 +30,36 @@ def is_dead_connection(exc: BaseException) -> bool:
     return state.startswith("08") or state in _DEAD_STATES
 
 
+# How libpq says, at connect time, that the server is not (yet, or any more)
+# there to talk to: worth waiting for. Anything else at connect time (a
+# database or role that does not exist, a password refused, no pg_hba entry)
+# will not change by waiting. libpq gives no SQLSTATE for these, only text.
+_NOT_READY = (
+    "connection refused",
+    "timeout expired",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "server closed the connection unexpectedly",
+    "no such file or directory",  # the Unix socket of a server that is not up
+    "could not translate host name",  # a container whose database's name is not up yet
+    "network is unreachable",
+    "no route to host",
+    "sorry, too many clients already",
+    "remaining connection slots are reserved",
+)
+
+
+def is_server_not_ready(exc: BaseException) -> bool:
+    """True when a failed connect means the server is down or starting, so waiting may help."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    text = str(exc).lower()
+    return any(marker in text for marker in _NOT_READY)
+
+
 # Deadlock and serialization failures abort a transaction that then changed
 # nothing; for pgqueue's own single-call transactions a retry is always safe.
 _ROLLED_BACK_STATES = frozenset({"40P01", "40001"})

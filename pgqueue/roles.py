@@ -30,6 +30,8 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
             "delete",
             "archive",
             "set_vt",
+            "nack",
+            "hold_leases",
             "poison",
             "listen",
             "unlisten",

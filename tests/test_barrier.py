@@ -186,6 +186,49 @@ def test_reused_barrier_id_returns_existing_or_conflicts(
         client.fan_out("work", [1], **kw)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"messages": [1, 3]},  # same size, other members
+        {"callback_message": {"other": True}},
+        {"headers": {"trace": "t-2"}},
+        {"deadline_seconds": 60},
+        {"callback_queue": "work"},
+    ],
+)
+def test_a_barrier_id_reused_for_another_fan_out_of_the_same_size_is_a_conflict(
+    client: Client, queues: Any, change: dict[str, Any]
+) -> None:
+    request: dict[str, Any] = {
+        "messages": [1, 2],
+        "callback_queue": "callbacks",
+        "callback_message": {"album": 7},
+        "barrier_id": "b",
+        "headers": {"trace": "t-1"},
+        "deadline_seconds": 3600,
+    }
+    assert client.fan_out("work", **request) == "b"
+    assert client.fan_out("work", **request) == "b"  # the same request: a retry
+    with pytest.raises(BarrierConflict, match='barrier "b" already exists for another fan-out'):
+        client.fan_out("work", **{**request, **change})
+    assert client.metrics("work").queue_length == 2  # nothing more was enqueued
+
+
+def test_a_callback_does_not_carry_a_member_index_passed_on_by_a_nested_fan_out(
+    client: Client, queues: Any, sql: Any
+) -> None:
+    client.fan_out("work", ["parent"], callback_queue="callbacks", callback_message={})
+    [member] = client.read("work", vt=30, qty=1)
+    assert member.headers is not None and member.member_index == 0
+    # a handler passes its member's headers on to the fan-out it starts
+    nested = client.fan_out(
+        "work", [], callback_queue="callbacks", callback_message={}, headers=member.headers
+    )
+    [cb] = callbacks(client, sql)
+    assert cb.is_callback and cb.barrier_id == nested
+    assert cb.member_index is None and "member_index" not in (cb.headers or {})
+
+
 def test_fan_out_in_callers_transaction_rolls_back_whole(
     client: Client, queues: Any, dsn: str
 ) -> None:

@@ -349,3 +349,91 @@ def test_late_commits_rolled_back_claims_and_acks_lose_nothing(
     assert set(acked) == committed
     assert max(acked.values()) == 1
     assert sql.execute("SELECT count(*) FROM pgqueue.message").fetchone() == (0,)
+
+
+def test_a_clock_that_went_back_does_not_hide_new_messages_below_the_floors(
+    sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    # Every floor is at most the time of the read that set it; a clock that
+    # steps back (NTP, a failover to a server whose clock is behind) leaves
+    # them all in the future, as this does.
+    for which in ("fast_f", "fast_t", "safe_f", "safe_t"):
+        sql.execute(
+            f"SELECT setval('pgqueue.lane_{lanes}_{which}',"
+            " pgqueue._ts_us(clock_timestamp() + interval '1 hour'))"
+        )
+    sql.execute(
+        "SELECT setval(%s, pgqueue._ts_us(clock_timestamp() + interval '1 hour'))",
+        (f"pgqueue.lane_{lanes}_sweep",),
+    )
+    (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)).fetchall()
+    assert got == [(msg_id,)], "the first read after the clock went back finds the new message"
+    for which in ("fast_f", "fast_t", "safe_f", "safe_t"):
+        assert floor(sql, lanes, which) < time.time()
+
+
+def test_a_message_prepared_during_a_sweep_is_read_after_commit_prepared(
+    own_cluster: Any,
+) -> None:
+    """Two-phase commit: a PREPARE landing inside a sweep's look at the writers.
+
+    The window is widened as an attacker would: sessions whose last statement
+    is a megabyte long make every read of pg_stat_activity take milliseconds.
+    A producer keeps a send open past the safe floors' one second margin, then
+    PREPAREs while readers sweep back to back, round after round; after COMMIT
+    PREPARED every message must be read.
+    """
+    from conftest import migrated_database
+
+    settings = {"max_prepared_transactions": "20", "track_activity_query_size": "1MB"}
+    with own_cluster(settings) as cluster:
+        dsn = migrated_database(cluster.dsn)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pgqueue.create_queue(%s, 50)", (QUEUE,))
+            (qid,) = admin.execute("SELECT queue_id FROM pgqueue.queue").fetchone()  # type: ignore[misc]
+        idle = [psycopg.connect(dsn, autocommit=True) for _ in range(20)]
+        padding = "x" * 1_000_000
+        for conn in idle:
+            conn.execute(f"SELECT 1 /* {padding} */")
+        seen: set[int] = set()
+        stop = threading.Event()
+
+        def sweep_and_read() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    conn.execute(f"SELECT setval('pgqueue.lane_{qid}_sweep', 1)")  # sweep now
+                    ids = [
+                        r[0]
+                        for r in conn.execute(
+                            "SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)
+                        ).fetchall()
+                    ]
+                    if ids:
+                        seen.update(ids)
+                        conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+
+        readers = [threading.Thread(target=sweep_and_read) for _ in range(2)]
+        for t in readers:
+            t.start()
+        sent: list[int] = []
+        try:
+            with psycopg.connect(dsn, autocommit=True) as finisher:
+                for round_ in range(10):
+                    with psycopg.connect(dsn) as producer:
+                        (msg_id,) = producer.execute(
+                            "SELECT pgqueue.send(%s, '1')", (QUEUE,)
+                        ).fetchone()  # type: ignore[misc]
+                        time.sleep(1.2 + random.uniform(0, 0.1))  # past the floors' margin
+                        producer.execute(f"PREPARE TRANSACTION 'p{round_}'")
+                    sent.append(msg_id)
+                    time.sleep(0.3)  # the sweeps that looked during the PREPARE are over
+                    finisher.execute(f"COMMIT PREPARED 'p{round_}'")
+            wait_until(lambda: seen >= set(sent), timeout=10)
+        finally:
+            stop.set()
+            for t in readers:
+                t.join()
+            for conn in idle:
+                conn.close()
+        assert set(sent) <= seen

@@ -61,6 +61,8 @@ class QueueModel(RuleBasedStateMachine):
         self.poisoned: dict[int, Live] = {}
         self.next_id = 1
         self.known: list[int] = []
+        # every lease a read handed out, current or long stale: (msg_id, read_ct)
+        self.leases: list[tuple[int, int]] = []
 
     def _visible(self) -> list[Live]:
         return sorted((m for m in self.live.values() if m.visible_at <= self.now), key=Live.order)
@@ -116,6 +118,7 @@ class QueueModel(RuleBasedStateMachine):
         waiting, poisoned = len(self._visible()), len(self.poisoned)
         got = self.call(q.read(QUEUE, vt, qty))
         assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, vt, False)
+        self.leases += [(m.msg_id, m.read_ct) for m in got]
         dropped = len(self.poisoned) - poisoned
         assert len(got) == min(qty, waiting - dropped), "a claim came back short with work waiting"
         assert len({m.msg_id for m in got}) == len(got), "one read handed a message out twice"
@@ -142,6 +145,45 @@ class QueueModel(RuleBasedStateMachine):
         if m is not None:
             m.visible_at, m.set_by = self.now + vt, next(self.ops)
 
+    def _holds(self, lease: tuple[int, int]) -> Live | None:
+        """The live message whose current lease this is; None for a stale or gone one."""
+        m = self.live.get(lease[0])
+        return m if m is not None and m.read_ct == lease[1] else None
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), vt=SECONDS)
+    def fenced_set_vt(self, data: st.DataObject, vt: int) -> None:
+        msg_id, read_ct = lease = data.draw(st.sampled_from(self.leases))
+        m = self._holds(lease)
+        got = self.call(q.set_vt(QUEUE, msg_id, vt, None, read_ct))
+        assert (got is not None) is (m is not None), "only the current lease moves"
+        if m is not None:
+            m.visible_at, m.set_by = self.now + vt, next(self.ops)
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), delay=SECONDS)
+    def nack(self, data: st.DataObject, delay: int) -> None:
+        msg_id, read_ct = lease = data.draw(st.sampled_from(self.leases))
+        m = self._holds(lease)
+        got = self.call(q.nack(QUEUE, msg_id, read_ct, delay, "model error"))
+        if m is None:
+            assert got is None, "a stale nack changes nothing"
+        elif read_ct >= MAX_ATTEMPTS:
+            assert got == "poisoned"
+            self.poisoned[msg_id] = self.live.pop(msg_id)
+        else:
+            assert got == "retry"
+            m.visible_at, m.set_by = self.now + delay, next(self.ops)
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def fenced_poison(self, data: st.DataObject) -> None:
+        msg_id, read_ct = lease = data.draw(st.sampled_from(self.leases))
+        m = self._holds(lease)
+        assert self.call(p.poison(QUEUE, msg_id, "holder says so", read_ct)) is (m is not None)
+        if m is not None:
+            self.poisoned[msg_id] = self.live.pop(msg_id)
+
     @precondition(lambda self: self.known)
     @rule(data=st.data())
     def poison(self, data: st.DataObject) -> None:
@@ -155,12 +197,15 @@ class QueueModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def requeue(self, data: st.DataObject) -> None:
         msg_id = data.draw(st.sampled_from(sorted(self.poisoned)))
-        assert self.call(p.poison_requeue(QUEUE, [msg_id])) == [msg_id]
+        # back under a new id: no lease of its earlier life names it
+        assert self.call(p.poison_requeue(QUEUE, [msg_id])) == [self.next_id]
         m = self.poisoned.pop(msg_id)
         if m.dedupe_key and any(x.dedupe_key == m.dedupe_key for x in self.live.values()):
             m.dedupe_key = None
-        m.read_ct, m.visible_at, m.set_by = 0, self.now, next(self.ops)
-        self.live[msg_id] = m
+        m.msg_id, m.read_ct, m.visible_at, m.set_by = self.next_id, 0, self.now, next(self.ops)
+        self.next_id += 1
+        self.live[m.msg_id] = m
+        self.known.append(m.msg_id)
 
     @rule(seconds=st.sampled_from([100, 200, 300]))
     def advance(self, seconds: int) -> None:

@@ -349,6 +349,40 @@ def test_retried_dedupe_send_after_consumption_does_not_send_again(
     assert client.send(queue, 1, dedupe_key="k") != first
 
 
+def test_retried_keyed_send_returns_its_own_id_when_another_sender_holds_the_key_now(
+    client: Client, queue: str, sql: Any
+) -> None:
+    # The first attempt committed and its reply was lost; its message was
+    # consumed, and another producer's message with the same key is live now.
+    token = "2b1f6a8e-0000-4000-8000-000000000002"
+    first = sql.execute(
+        "SELECT pgqueue.send(%s, '1', NULL, 0, 'k', %s)", (queue, token)
+    ).fetchone()[0]
+    client.delete(queue, first)
+    other = client.send(queue, 2, dedupe_key="k")
+    retry = sql.execute(
+        "SELECT pgqueue.send(%s, '1', NULL, 0, 'k', %s)", (queue, token)
+    ).fetchone()[0]
+    assert (retry, other) == (first, first + 1)  # its own receipt, not the other's message
+    assert client.metrics(queue).total_messages == 2
+
+
+def test_header_keys_starting_with_pg_are_refused_and_nothing_is_sent(
+    client: Client, queue: str
+) -> None:
+    for headers in ({"_pg_transport": True}, {"ok": 1, "_pg_": 0}, {"_pg_x": None}):
+        with pytest.raises(InvalidArgument, match="reserved: keys starting with _pg_"):
+            client.send(queue, 1, headers=headers)
+        with pytest.raises(InvalidArgument, match="reserved"):
+            client.send(queue, 1, headers=headers, dedupe_key="k")
+        with pytest.raises(InvalidArgument, match="reserved"):
+            client.send_batch(queue, [1, 2], headers=[{"a": 1}, headers])
+    assert client.metrics(queue).total_messages == 0
+    # near misses are the sender's own
+    for headers in ({"_pg": 1}, {"pg_transport": True}, {"x": "_pg_transport"}, {"_PG_x": 1}):
+        assert client.send(queue, 1, headers=headers) > 0
+
+
 def test_async_client_sends_and_reads(dsn: str, queue: str) -> None:
     import asyncio
 

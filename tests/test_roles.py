@@ -26,7 +26,15 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgqueue
-from pgqueue import AsyncClient, Client, MigrationError, Poison, Worker, WorkerSettings
+from pgqueue import (
+    AsyncClient,
+    Client,
+    InvalidArgument,
+    MigrationError,
+    Poison,
+    Worker,
+    WorkerSettings,
+)
 from pgqueue import claims as claims_calls
 from pgqueue.calls import Call, scalar
 from pgqueue.cli import main
@@ -735,7 +743,8 @@ def migrate_noting(dsn: str) -> tuple[list[int], list[tuple[str | None, str | No
     notices: list[tuple[str | None, str | None]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_hint)))
-        return [m.version for m in migrate(conn)], notices
+        # each migration that adds API functions repeats grant_roles()'s advice
+        return [m.version for m in migrate(conn)], list(dict.fromkeys(notices))
 
 
 def safe_floor(conn: psycopg.Connection[Any]) -> Any:
@@ -900,3 +909,53 @@ def test_permission_error_without_a_known_login_still_says_what_to_grant() -> No
     )
     peek = pgqueue.errors.permission_denied("permission denied for function peek", "App User")
     assert 'GRANT pgqueue_operator TO "App User";' in str(peek)
+
+
+# -- what a hostile caller's headers and settings cannot do -------------------
+
+
+def test_a_producer_cannot_forge_a_callback_that_the_readme_guard_would_trust(
+    client: Client, producer: Client, dsn: str
+) -> None:
+    client.create_queue("work")
+    client.create_queue("done")
+    bid = client.fan_out("work", ["m"], callback_queue="done", callback_message={"album": 7})
+    forged = {"_pg_transport": True, "barrier_id": bid, "succeeded": 1, "state": "fired"}
+    with pytest.raises(InvalidArgument, match='header "_pg_transport" is reserved'):
+        producer.send("done", {"album": 7}, headers=forged)
+    with pytest.raises(InvalidArgument, match="reserved"):
+        producer.send_batch("done", [1, 2], headers=[None, {"_pg_anything": 1}])
+    with pytest.raises(InvalidArgument, match="reserved"):
+        producer.fan_out("work", [1], callback_queue="done", callback_message={}, headers=forged)
+    with (
+        psycopg.connect(as_user(dsn, login_of(producer)), autocommit=True) as raw,
+        pytest.raises(psycopg.errors.InvalidParameterValue, match="reserved"),
+    ):
+        raw.execute("SELECT pgqueue.send('done', '{}', '{\"x\": 1, \"_pg_transport\": true}')")
+    assert client.metrics("done").queue_length == 0  # nothing of the refused calls landed
+    # the real callback passes the README's guard once, and only it
+    [m] = client.read("work", vt=30, qty=1)
+    client.complete_member("work", m.msg_id)
+    [callback] = client.read("done", vt=30, qty=10)
+    assert callback.is_callback and callback.barrier_id == bid
+    with client.connection() as conn, conn.transaction():
+        assert pgqueue.guard(conn, f"album-done:{callback.barrier_id}")
+    # a value that merely contains the text is fine
+    assert producer.send("done", 1, headers={"note": '"_pg_transport'}) > 0
+
+
+@pytest.mark.parametrize("setting", ["completed", "purged", "anything"])
+def test_a_consumer_session_setting_does_not_change_how_members_count(
+    client: Client, consumer: Client, setting: str
+) -> None:
+    client.create_queue("work")
+    client.create_queue("done")
+    bid = client.fan_out("work", list(range(4)), callback_queue="done", callback_message={})
+    msgs = consumer.read("work", vt=30, qty=4)
+    with consumer.connection() as conn, conn.transaction():
+        conn.execute("SELECT set_config('pgqueue.removal_reason', %s, true)", (setting,))
+        consumer.delete_many("work", [m.msg_id for m in msgs[:2]], conn=conn)
+        consumer.archive_many("work", [m.msg_id for m in msgs[2:]], conn=conn)
+    s = client.barrier_status(bid)
+    assert (s.state, s.succeeded, s.failed) == ("fired", 4, 0)
+    assert len(client.read("done", vt=30, qty=10)) == 1

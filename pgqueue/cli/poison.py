@@ -298,7 +298,7 @@ def _change(
 @poison.command("requeue")
 @_selection_options
 def poison_requeue(**selection: Any) -> None:
-    """Put poison messages back in QUEUE with a fresh read count.
+    """Put poison messages back in QUEUE with a fresh read count, under new ids.
 
     Either the given MSG_IDs (all of them, or none if one is not there), or
     --all of them, narrowed by --since, --older-than and --reason, a chunk
