@@ -23,7 +23,13 @@ from pgqueue import queue as _queue
 from pgqueue.barrier import complete_members
 from pgqueue.calls import encode_json
 from pgqueue.client import Client, Connection, execute
-from pgqueue.errors import InvalidArgument, InvalidMessage, PgQueueError, QueueNotFound
+from pgqueue.errors import (
+    ConnectionLost,
+    InvalidArgument,
+    InvalidMessage,
+    PgQueueError,
+    QueueNotFound,
+)
 from pgqueue.queue import Message
 
 log = structlog.get_logger("pgqueue")
@@ -135,6 +141,7 @@ class WorkerSettings:
     backoff_max: float = 300.0
     health_file: str = ""
     sweep_interval: float = 10.0
+    startup_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -150,7 +157,13 @@ class WorkerSettings:
             problems.append("heartbeat_fraction must be between 0 and 1")
         if self.ack not in ("delete", "archive"):
             problems.append("ack must be 'delete' or 'archive'")
-        for name in ("hard_timeout", "poll_interval", "shutdown_grace", "sweep_interval"):
+        for name in (
+            "hard_timeout",
+            "poll_interval",
+            "shutdown_grace",
+            "sweep_interval",
+            "startup_timeout",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
@@ -197,8 +210,17 @@ class _Task:
     lease_until: float
     # Set when the runtime gave the message back (hard timeout, shutdown): the
     # handler's late outcome must then not be acked or nacked.
-    abandoned: bool = False  # set once, by one thread; read by the handler thread
-    running: bool = False  # its handler has started (it may have waited for a slot)
+    abandoned: bool = False  # set once, under the tasks lock
+    running: bool = False  # its handler has started (set under the tasks lock)
+    # A fenced call found the lease taken over by another reader: no more
+    # heartbeats, and no nack, release or poison of the other reader's lease.
+    lease_lost: bool = False
+    batch: _Batch | None = None  # the batch it runs in, for a batch handler
+
+    @property
+    def unit(self) -> _Task | _Batch:
+        """What one handler thread runs: this task, or its whole batch."""
+        return self.batch if self.batch is not None else self
 
 
 @dataclass(eq=False)
@@ -222,6 +244,10 @@ _DB_ERRORS = (PgQueueError, psycopg.Error)
 def _is_member(msg: Message) -> bool:
     """The message is a barrier member: its ack completes the member."""
     return msg.member_index is not None and msg.barrier_id is not None
+
+
+class _LeaseLost(Exception):
+    """Our lease on a message was taken over: roll back what the handler wrote."""
 
 
 class _Listener:
@@ -359,6 +385,10 @@ class Worker:
         self._last_sweep = 0.0
         self._turn = 0
         self.handled = 0
+        # Units (a task, or a batch) whose messages were given back while their
+        # handler still ran: each holds a handler thread until it returns.
+        self._stuck: set[_Task | _Batch] = set()
+        self._max_attempts: dict[str, int] = {}
         self._acker = _Acker(self._flush_acks)
 
     # -- control ------------------------------------------------------------
@@ -380,7 +410,7 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         s = self.settings
-        existing = {q.queue_name for q in self.client.list_queues()}
+        existing = self._wait_for_database()
         missing = [q for q in s.queues if q not in existing]
         if missing:
             raise QueueNotFound(
@@ -427,6 +457,33 @@ class Worker:
             code = self._shutdown()
         return code
 
+    def _wait_for_database(self) -> set[str]:
+        """The existing queues, once the database answers; waits up to startup_timeout for it.
+
+        A worker often starts before its database (a container, a restart):
+        refused connections and a server starting or shutting down are waited
+        out, each wait logged; any other error is raised at once.
+        """
+        s = self.settings
+        deadline = time.monotonic() + s.startup_timeout
+        while True:
+            try:
+                queues = self.client.list_queues()
+            except ConnectionLost as exc:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping.is_set():
+                    raise ConnectionLost(
+                        f"{exc}; gave up after waiting {s.startup_timeout:g}s"
+                        " (PGQUEUE_STARTUP_TIMEOUT)"
+                    ) from exc
+                self.log.warning(
+                    "worker.waiting_for_database", error=exc.what, gives_up_in=round(left, 1)
+                )
+                self._stopping.wait(min(1.0, left))
+                continue
+            self._max_attempts = {q.queue_name: q.max_attempts for q in queues}
+            return set(self._max_attempts)
+
     def _reader_loop(self) -> None:
         """An extra reader: fills free capacity; the main loop keeps the wake-ups and ticks."""
         s = self.settings
@@ -443,7 +500,8 @@ class Worker:
 
     def _tick(self) -> None:
         s = self.settings
-        if s.health_file:
+        if s.health_file and self._healthy_threads() > 0:
+            # Not touched while every handler thread is stuck: probes see it age.
             Path(s.health_file).touch()
         self._heartbeat()
         if s.hard_timeout:
@@ -457,21 +515,28 @@ class Worker:
         with self._tasks_lock:
             return len(self._tasks)
 
+    def _healthy_threads(self) -> int:
+        """Handler threads not held by a handler whose message was given back as hung."""
+        with self._tasks_lock:
+            return self.settings.concurrency - len(self._stuck)
+
     def _fill(self) -> int:
         """Read up to the free capacity, round-robin over the queues; how many started."""
         s = self.settings
         started = 0
-        # Up to `batch` messages wait locally beyond the `concurrency` running
-        # ones (their leases kept alive like the others'), and a read waits
-        # until half a batch has room, so reads fetch whole batches instead of
-        # the few slots that just freed.
-        limit = s.concurrency * self._unit + s.batch_size
+        # Up to `batch` messages wait locally beyond the ones running on
+        # healthy threads (a thread held by a hung handler starts nothing), and
+        # a read waits until half a batch has room, so reads fetch whole
+        # batches instead of the few slots that just freed. With no healthy
+        # thread, nothing is read: a worker leases no more than it can start.
+        healthy = self._healthy_threads()
+        limit = healthy * self._unit + s.batch_size if healthy > 0 else 0
         for i in range(len(s.queues)):
             in_flight = self._in_flight()
             free = limit - in_flight
             if self._stopping.is_set() or free <= 0:
                 break
-            if in_flight > s.concurrency and free < max(1, s.batch_size // 2):
+            if in_flight > healthy and free < max(1, s.batch_size // 2):
                 break
             queue = s.queues[(self._turn + i) % len(s.queues)]
             try:
@@ -483,7 +548,10 @@ class Worker:
             read_at = time.monotonic()
             handler = self.app.handlers[queue]
             tasks = [_Task(msg, handler, read_at, read_at + s.vt) for msg in msgs]
-            self._start(tasks, _Batch(tasks) if handler.batch and tasks else None)
+            batch = _Batch(tasks) if handler.batch and tasks else None
+            for task in tasks:
+                task.batch = batch
+            self._start(tasks, batch)
             started += len(msgs)
         self._turn += 1
         return started
@@ -515,8 +583,13 @@ class Worker:
                 continue
             if isinstance(task, _Batch):
                 self._process_batch(task)
-            elif not task.abandoned:  # given back before it started
+            else:
                 self._process(task)
+            with self._tasks_lock:
+                recovered = task in self._stuck
+                self._stuck.discard(task)
+            if recovered:
+                self.log.warning("handler.returned_after_release", healthy=self._healthy_threads())
 
     def _wait_for_a_slot(self, timeout: float) -> None:
         # A wake-up lost between wait() and clear() costs one more pass of the
@@ -525,24 +598,50 @@ class Worker:
         self._slot.clear()
 
     def _heartbeat(self) -> None:
-        """Extend the lease of every message whose handler has used up part of its vt."""
+        """Extend the leases of running messages that used up part of their vt.
+
+        Only running ones: a message waiting locally whose lease would need
+        extending has waited too long for a handler, and is given back so
+        another consumer can start it.
+        """
         s = self.settings
         now = time.monotonic()
         margin = s.vt * (1 - s.heartbeat_fraction)
         with self._tasks_lock:
-            due = [t for t in self._tasks.values() if t.lease_until - now <= margin]
+            due = [
+                t
+                for t in self._tasks.values()
+                if not t.lease_lost and t.lease_until - now <= margin
+            ]
+            stale = [t for t in due if not t.running]
+            for task in stale:
+                task.abandoned = True
+        for task in stale:
+            self._give_back(task, "waited a lease's worth for a handler")
         for task in due:
+            if task in stale:
+                continue
             msg = task.msg
             try:
-                extended = self.client.set_vt(msg.queue, msg.msg_id, s.vt)
+                extended = self.client.set_vt(msg.queue, msg.msg_id, s.vt, read_ct=msg.read_ct)
             except _DB_ERRORS as exc:
                 self._msg_log(msg).error("message.heartbeat_failed", error=str(exc))
                 continue
             task.lease_until = time.monotonic() + s.vt
             if extended is None:
-                self._msg_log(msg).warning("message.lease_lost")
+                self._lease_lost(task)
             else:
                 self._msg_log(msg).debug("message.heartbeat", vt=s.vt)
+
+    def _lease_lost(self, task: _Task) -> None:
+        """Our lease on the message is gone: say so once, and never touch that lease again."""
+        with self._tasks_lock:
+            if task.lease_lost:
+                return
+            task.lease_lost = True
+            finished = self._tasks.get((task.msg.queue, task.msg.msg_id)) is not task
+        if not finished:  # a heartbeat racing our own ack finds the message gone: no news
+            self._msg_log(task.msg).warning("message.lease_lost")
 
     def _release_hung(self) -> None:
         now = time.monotonic()
@@ -552,24 +651,55 @@ class Worker:
                 for t in self._tasks.values()
                 if t.running and now - t.started > self.settings.hard_timeout
             ]
+            for task in hung:
+                task.abandoned = True
+                # Its thread stays in the handler until it returns: one fewer to start work.
+                self._stuck.add(task.unit)
         for task in hung:
             self._msg_log(task.msg).error(
                 "handler.hung",
                 running_for=round(now - task.started, 1),
                 hard_timeout=self.settings.hard_timeout,
             )
-            self._give_back(task)
+            self._give_back(task, "hung")
+        if hung and self._healthy_threads() <= 0:
+            self.log.error(
+                "worker.stuck",
+                concurrency=self.settings.concurrency,
+                advice="every handler thread is in a hung handler: reading stops until one returns",
+            )
+            self._give_back_waiting("no handler thread can start it")
 
-    def _give_back(self, task: _Task) -> None:
-        """Make the message visible to other consumers now; ignore the handler's late outcome."""
-        task.abandoned = True
+    def _give_back_waiting(self, why: str) -> None:
+        """Give back every message that waits locally and has not started."""
+        with self._tasks_lock:
+            waiting = [t for t in self._tasks.values() if not t.running and not t.abandoned]
+            for task in waiting:
+                task.abandoned = True
+        for task in waiting:
+            self._give_back(task, why)
+
+    def _give_back(self, task: _Task, why: str) -> None:
+        """Make the message visible to other consumers now, if our lease is still the current one.
+
+        The caller has marked the task abandoned (under the tasks lock), so the
+        handler's late outcome is neither acked nor nacked.
+        """
         with self._tasks_lock:
             self._tasks.pop((task.msg.queue, task.msg.msg_id), None)
         self._slot.set()
-        self._quietly(
-            "message.release_failed", self.client.set_vt, task.msg.queue, task.msg.msg_id, 0
-        )
-        self._msg_log(task.msg).warning("message.released")
+        if task.lease_lost:
+            return
+        msg = task.msg
+        try:
+            released = self.client.set_vt(msg.queue, msg.msg_id, 0, read_ct=msg.read_ct)
+        except _DB_ERRORS as exc:
+            self._msg_log(msg).error("message.release_failed", error=str(exc))
+            return
+        if released is None:
+            self._lease_lost(task)
+        else:
+            self._msg_log(msg).warning("message.released", why=why, started=task.running)
 
     def _quietly(self, event: str, fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -585,10 +715,26 @@ class Worker:
             context["barrier_id"] = msg.barrier_id
         return self.log.bind(**context)
 
+    def _begin(self, tasks: list[_Task]) -> list[_Task]:
+        """Mark tasks started and return them; none once the worker is stopping.
+
+        Under the tasks lock, so a task either starts here or is given back by
+        whoever abandons it (shutdown, a lease that waited too long), never both.
+        """
+        with self._tasks_lock:
+            if self._stopping.is_set():
+                return []
+            started = [t for t in tasks if not t.abandoned]
+            now = time.monotonic()
+            for task in started:
+                task.started = now  # the hard timeout counts from here
+                task.running = True
+        return started
+
     def _process(self, task: _Task) -> None:
         msg, handler = task.msg, task.handler
-        task.started = time.monotonic()  # the hard timeout counts from here
-        task.running = True
+        if not self._begin([task]):
+            return  # given back, or left for the shutdown to give back
         try:
             if handler.transactional:
                 self._run_transactional(task)
@@ -601,36 +747,44 @@ class Worker:
                 self._acker.add(task, result)
                 return
             self._done(task)
+        except _LeaseLost:
+            self._lease_lost(task)  # rolled back: the handler's writes are the new holder's
         except Poison as exc:
             self._poison(task, exc)
         except Exception as exc:
             # The user's handler failed (any exception is its business, not
-            # ours): the message goes back with a backoff; after max_attempts
-            # reads the queue itself poison-drops it.
+            # ours): the message goes back with a backoff; its last attempt
+            # goes to the poison table.
             if not task.abandoned:
                 self._nack(task, exc, self._msg_log(msg))
         finally:
             self._forget(task)
 
     def _poison(self, task: _Task, exc: Poison) -> None:
-        """Poison the message at once, as its handler asked (not if given back meanwhile)."""
-        if task.abandoned:
+        """Poison the message at once, as its handler asked, if our lease is still current."""
+        if task.abandoned or task.lease_lost:
             return
         msg = task.msg
         reason = str(exc) or "poisoned by its handler"
-        self._quietly("message.poison_failed", self.client.poison, msg.queue, msg.msg_id, reason)
-        self._msg_log(msg).warning("message.poisoned", reason=reason)
+        try:
+            moved = self.client.poison(msg.queue, msg.msg_id, reason, read_ct=msg.read_ct)
+        except _DB_ERRORS as db_exc:
+            self._msg_log(msg).error("message.poison_failed", error=str(db_exc))
+            return
+        if moved:
+            self._msg_log(msg).warning("message.poisoned", reason=reason, by="handler")
+        else:
+            self._lease_lost(task)
 
     def _process_batch(self, batch: _Batch) -> None:
-        tasks = [t for t in batch.tasks if not t.abandoned]  # not given back before it started
+        tasks = self._begin(batch.tasks)  # not those given back before it started
+        if not tasks:
+            for task in batch.tasks:
+                if task.abandoned:
+                    self._forget(task)
+            return
         handler = batch.handler
-        now = time.monotonic()
-        for task in tasks:
-            task.started = now  # the hard timeout counts from here
-            task.running = True
         try:
-            if not tasks:
-                return
             if handler.transactional:
                 self._run_transactional_batch(tasks)
                 for task in tasks:
@@ -641,6 +795,9 @@ class Worker:
             if len(done) < len(tasks):
                 self.log.warning("message.late_result_ignored", count=len(tasks) - len(done))
             self._acker.add_many(done)
+        except _LeaseLost:
+            for task in tasks:
+                self._lease_lost(task)
         except Poison as exc:
             for task in tasks:
                 self._poison(task, exc)
@@ -650,7 +807,8 @@ class Worker:
                     self._nack(task, exc, self._msg_log(task.msg))
         finally:
             for task in batch.tasks:
-                self._forget(task)
+                if task.running or task.abandoned:
+                    self._forget(task)
 
     def _call_batch(self, handler: Handler, msgs: list[Message]) -> list[Any]:
         """The batch handler's results, one per message (None for each when it returned None)."""
@@ -672,10 +830,11 @@ class Worker:
         # As _run_transactional: handler writes and acks commit or roll back together.
         msgs = [t.msg for t in tasks]
         handler = tasks[0].handler
-        with self.client.pool.connection() as conn, conn.transaction():
+        with self.client.connection() as conn, conn.transaction():
             results = self._batch_results(handler, msgs, handler.func(msgs, conn))
             if any(t.abandoned for t in tasks):
                 raise Retry("abandoned by the runtime")
+            self._hold(handler.queue, tasks, conn)
             kinds: dict[bool, list[tuple[_Task, Any]]] = {}
             for task, result in zip(tasks, results, strict=True):
                 kinds.setdefault(_is_member(task.msg), []).append((task, result))
@@ -757,11 +916,25 @@ class Worker:
         # Not retried on a dead connection: if the commit did not happen, the
         # handler's writes and the ack were rolled back together and the
         # message is simply delivered again after its vt.
-        with self.client.pool.connection() as conn, conn.transaction():
+        with self.client.connection() as conn, conn.transaction():
             result = task.handler.func(task.msg, conn)
             if task.abandoned:
                 raise Retry("abandoned by the runtime")
+            self._hold(task.msg.queue, [task], conn)
             self._ack(task.msg, result, conn)
+
+    def _hold(self, queue: str, tasks: list[_Task], conn: Connection) -> None:
+        """Lock our leases in the handler's transaction, or raise _LeaseLost to roll it back.
+
+        Acks are not fenced (a finished run may ack), so without this a stalled
+        run that lost its lease would commit its writes, and the run that took
+        over would commit them again. Locked, the messages cannot be read or
+        acked by anyone else before we commit: the writes commit exactly once.
+        """
+        leases = [(t.msg.msg_id, t.msg.read_ct) for t in tasks]
+        held: list[int] = self.client.run(_queue.hold_leases(queue, leases), conn)
+        if len(held) < len(leases):
+            raise _LeaseLost
 
     def _ack(self, msg: Message, result: Any, conn: Connection) -> None:
         """Ack one message inside the caller's (the transactional handler's) transaction."""
@@ -776,33 +949,55 @@ class Worker:
             self.client.delete(msg.queue, msg.msg_id, conn=conn)
 
     def _nack(self, task: _Task, exc: Exception, mlog: Any) -> None:
+        """Give the failed attempt back with a backoff; its last one goes to the poison table."""
         s = self.settings
         msg = task.msg
+        if task.lease_lost:
+            return  # the lease is another reader's: its run decides
         if isinstance(exc, Retry) and exc.delay is not None:
             delay = exc.delay
         else:
             backoff = min(s.backoff_max, s.backoff_base * 2 ** max(msg.read_ct - 1, 0))
             delay = round(backoff * random.uniform(0.5, 1.5))
         error = f"{type(exc).__name__}: {exc}"
-        mlog.warning("message.failed", error=error, retry_in=delay)
         try:
-            self.client.set_vt(msg.queue, msg.msg_id, max(0, int(delay)), error=error)
+            outcome = self.client.nack(
+                msg.queue, msg.msg_id, read_ct=msg.read_ct, delay=max(0, int(delay)), error=error
+            )
         except _DB_ERRORS as nack_exc:
-            mlog.error("message.nack_failed", error=str(nack_exc))
+            mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
+            return
+        if outcome == "retry":
+            mlog.warning("message.failed", error=error, retry_in=delay)
+        elif outcome == "poisoned":
+            mlog.warning(
+                "message.poisoned",
+                reason="max_attempts exceeded",
+                error=error,
+                max_attempts=self._max_attempts.get(msg.queue),
+                by="nack",
+            )
+        else:
+            mlog.warning("message.failed", error=error)
+            self._lease_lost(task)
 
     # -- shutdown -----------------------------------------------------------
 
     def _shutdown(self) -> int:
         s = self.settings
         self.log.info("worker.stopping", in_flight=self._in_flight(), grace=s.shutdown_grace)
+        # Nothing starts once stopping (see _begin): what waits locally goes back now.
+        self._give_back_waiting("the worker is stopping")
         deadline = time.monotonic() + (0 if self._forced.is_set() else s.shutdown_grace)
         while self._in_flight() and time.monotonic() < deadline and not self._forced.is_set():
             self._heartbeat()
             self._wait_for_a_slot(min(0.2, max(deadline - time.monotonic(), 0)))
         with self._tasks_lock:
             unfinished = list(self._tasks.values())
+            for task in unfinished:
+                task.abandoned = True
         for task in unfinished:
-            self._give_back(task)
+            self._give_back(task, "still running when the worker stopped")
         self._acker.stop()
         with self._ready_cond:  # threads stuck in a hung handler are daemons: not waited for
             self._closing = True

@@ -8,10 +8,13 @@ isolated and the suite runs in parallel (`pytest -n auto`).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +182,132 @@ def stateful_settings(max_examples: int, steps: int) -> Any:
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Any]:
+    """own_cluster(settings): a context manager starting a stock cluster of this test's own.
+
+    The system's PostgreSQL server binaries (initdb), on a free port, with
+    these settings on top of initdb's defaults; its tests may stop, crash and
+    restart it (`.stop()`, `.start()`, `.restart()`). Skips where no initdb is.
+    """
+    try:
+        from benchmarks.server import private_cluster
+    except ImportError:
+        pytest.skip("needs the benchmarks package of a source checkout")
+
+    def start(settings: dict[str, str] | None = None) -> Any:
+        import shutil
+
+        if not shutil.which("runuser") or not (
+            shutil.which("initdb") or Path("/usr/lib/postgresql").is_dir()
+        ):
+            pytest.skip("needs the PostgreSQL server packages (initdb)")
+        return private_cluster(settings)
+
+    yield start
+
+
+def migrated_database(server: str, name: str = "app") -> str:
+    """A new database on `server` (a superuser DSN), migrated; its DSN."""
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    target = with_dbname(server, name)
+    with psycopg.connect(target, autocommit=True) as conn:
+        migrate(conn)
+    return target
+
+
+# -- worker processes ---------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Proc:
+    """A `pgqueue worker worker_app:app` process, its log in a file (JSON lines)."""
+
+    def __init__(self, dsn: str, log: Path, *args: str) -> None:
+        env = dict(
+            os.environ,
+            PGQUEUE_DSN=dsn,
+            PGQUEUE_LOG_FORMAT="json",
+            PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
+        queues = [] if "--queue" in args else ["--queue", "jobs", "--queue", "callbacks"]
+        self.log = log
+        with log.open("ab") as out:
+            self.p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pgqueue",
+                    "worker",
+                    "worker_app:app",
+                    *queues,
+                    "--poll-interval",
+                    "0.2",
+                    *args,
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def signal(self, sig: int) -> None:
+        self.p.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.p.wait(timeout)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The log lines so far (JSON ones), optionally only those of one event."""
+        found = []
+        for line in self.log.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and (name is None or entry.get("event") == name):
+                found.append(entry)
+        return found
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    """spawn(dsn, *args): a worker process, killed at the end of the test if still running."""
+    procs: list[Proc] = []
+
+    def start(dsn: str, *args: str) -> Proc:
+        proc = Proc(dsn, tmp_path / f"worker-{len(procs)}.log", *args)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.p.poll() is None:
+            proc.p.kill()
+            proc.p.wait()
+
+
+def prepare(dsn: str, *queues: str) -> Client:
+    """worker_app's tables and queues (jobs and callbacks, and any named) on dsn; a client."""
+    import worker_app
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    client = Client.from_dsn(dsn)
+    for q in ("jobs", "callbacks", *queues):
+        client.create_queue(q, max_attempts=5)
+    return client
+
+
+def count(dsn: str, event: str) -> int:
+    """How many handler events of that kind worker_app recorded; -1 while the server is away."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            row = conn.execute("SELECT count(*) FROM handled WHERE event = %s", (event,)).fetchone()
+    except psycopg.OperationalError:
+        return -1  # restarting: asked again by wait_until
+    return int(row[0]) if row else 0

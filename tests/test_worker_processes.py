@@ -7,86 +7,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
-import worker_app
-from conftest import restart_server, wait_until, with_dbname
+from conftest import (
+    TESTS,
+    count,
+    migrated_database,
+    prepare,
+    restart_server,
+    wait_until,
+    with_dbname,
+)
 
 from pgqueue import Client
-
-TESTS = Path(__file__).resolve().parent
-
-
-class Proc:
-    def __init__(self, dsn: str, log: Path, *args: str) -> None:
-        env = dict(
-            os.environ,
-            PGQUEUE_DSN=dsn,
-            PGQUEUE_LOG_FORMAT="json",
-            PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        )
-        self.log = log
-        with log.open("ab") as out:
-            self.p = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pgqueue",
-                    "worker",
-                    "worker_app:app",
-                    "--queue",
-                    "jobs",
-                    "--queue",
-                    "callbacks",
-                    "--poll-interval",
-                    "0.2",
-                    *args,
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def signal(self, sig: int) -> None:
-        self.p.send_signal(sig)
-
-    def wait(self, timeout: float = 30) -> int:
-        return self.p.wait(timeout)
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    procs: list[Proc] = []
-
-    def start(dsn: str, *args: str) -> Proc:
-        proc = Proc(dsn, tmp_path / f"worker-{len(procs)}.log", *args)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.p.poll() is None:
-            proc.p.kill()
-            proc.p.wait()
-
-
-def prepare(dsn: str) -> Client:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(worker_app.SCHEMA)
-    client = Client.from_dsn(dsn)
-    for q in ("jobs", "callbacks"):
-        client.create_queue(q, max_attempts=5)
-    return client
-
-
-def count(dsn: str, event: str) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM handled WHERE event = %s", (event,)).fetchone()
-    return int(row[0]) if row else 0
 
 
 def test_sigterm_acks_finished_work_releases_the_rest_and_exits_0(dsn: str, spawn: Any) -> None:
@@ -198,5 +132,39 @@ def test_worker_for_queues_that_do_not_exist_fails_fast(dsn: str) -> None:
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(
         "pgqueue: error: queue(s) jobs, async_jobs, tx, callbacks, batch_jobs, async_batch,"
-        " tx_batch do not exist"
+        " tx_batch, tx_effects do not exist"
     )
+
+
+def test_a_worker_started_while_the_server_is_down_waits_for_it(
+    own_cluster: Any, spawn: Any
+) -> None:
+    with own_cluster() as cluster:
+        target = migrated_database(cluster.dsn)
+        prepare(target).close()
+        cluster.stop()
+        w = spawn(target, "--startup-timeout", "60")
+        time.sleep(3)  # down for 3 s: the worker waits, saying so
+        assert w.p.poll() is None, w.log.read_text()
+        cluster.start()
+        with Client.from_dsn(target) as client:
+            client.send("jobs", {"n": 1})
+            wait_until(lambda: count(target, "done") == 1, timeout=30)
+        assert w.events("database.waiting")
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+
+
+def test_a_worker_gives_up_on_a_server_that_stays_down_after_its_startup_timeout(
+    own_cluster: Any, spawn: Any
+) -> None:
+    with own_cluster() as cluster:
+        target = migrated_database(cluster.dsn)
+        cluster.stop()
+        started = time.monotonic()
+        w = spawn(target, "--startup-timeout", "3")
+        assert w.wait(30) == 1
+        assert 3 <= time.monotonic() - started < 20
+        errors = [line for line in w.log.read_text().splitlines() if "pgqueue: error" in line]
+        assert len(errors) == 1 and "waited 3s for it" in errors[0], errors
+        assert "Traceback" not in w.log.read_text()

@@ -107,3 +107,12 @@ def tx_batch(msgs: list[Message], conn: psycopg.Connection[Any]) -> None:
         raise RuntimeError("failed after writing: every write of the batch must roll back")
     for msg in msgs:
         record(msg, "done")
+
+
+@app.handler("tx_effects", transactional=True)
+def tx_effects(msg: Message, conn: psycopg.Connection[Any]) -> None:
+    """Writes its effect first, then works: no guard, so only the runtime keeps it single."""
+    record(msg, "start")
+    conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.message["key"], msg.msg_id))
+    time.sleep(float(msg.message.get("sleep", 0)))
+    record(msg, "done")

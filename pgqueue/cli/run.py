@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -50,6 +52,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
 @click.option("--listen/--no-listen", default=None, help="LISTEN/NOTIFY wake-ups [on].")
 @click.option("--listen-dsn", default=None, help="Direct DSN for LISTEN (behind PgBouncer).")
 @click.option("--health-file", default=None, help="File touched every loop, for probes.")
+@click.option(
+    "--startup-timeout",
+    type=float,
+    default=None,
+    help="Seconds to wait for a database that is down or starting [60].",
+)
 def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: Any) -> None:
     """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.
 
@@ -62,7 +70,15 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     with expected_errors():
         app = load_app(app_path)
         settings = WorkerSettings.from_env(queues=queues or None, **options)
-        client = Client.from_dsn(dsn, max_size=settings.concurrency + settings.readers + 2)
+        started = time.monotonic()
+        client = Client.from_dsn(
+            dsn,
+            max_size=settings.concurrency + settings.readers + 2,
+            wait_seconds=settings.startup_timeout,
+        )
+        # One startup deadline: what the first connection waited counts against it.
+        waited = time.monotonic() - started
+        settings = replace(settings, startup_timeout=max(0.0, settings.startup_timeout - waited))
         try:
             code = Worker(app, client, settings).run()
         finally:
