@@ -29,7 +29,16 @@ def make_worker(
     env_dsn: str, client: Client
 ) -> Iterator[Callable[..., tuple[Worker, threading.Thread]]]:
     started: list[tuple[Worker, threading.Thread, Client]] = []
-    for q in ("jobs", "async_jobs", "tx", "callbacks", "batch_jobs", "async_batch", "tx_batch"):
+    for q in (
+        "jobs",
+        "async_jobs",
+        "tx",
+        "callbacks",
+        "batch_jobs",
+        "async_batch",
+        "tx_batch",
+        "tx_effects",
+    ):
         client.create_queue(q, max_attempts=3)
 
     def make(**settings: Any) -> tuple[Worker, threading.Thread]:
