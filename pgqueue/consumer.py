@@ -585,11 +585,6 @@ class Worker:
                 self._process_batch(task)
             else:
                 self._process(task)
-            with self._tasks_lock:
-                recovered = task in self._stuck
-                self._stuck.discard(task)
-            if recovered:
-                self.log.warning("handler.returned_after_release", healthy=self._healthy_threads())
 
     def _wait_for_a_slot(self, timeout: float) -> None:
         # A wake-up lost between wait() and clear() costs one more pass of the
@@ -842,10 +837,16 @@ class Worker:
                 self._ack_many(handler.queue, member, items, conn)
 
     def _forget(self, task: _Task) -> None:
+        """The handler of this task returned (or never started): drop it, and free its thread."""
         with self._tasks_lock:
             if self._tasks.get((task.msg.queue, task.msg.msg_id)) is task:
                 del self._tasks[(task.msg.queue, task.msg.msg_id)]
+            # A thread held by a handler given back as hung is free again.
+            recovered = task.unit in self._stuck
+            self._stuck.discard(task.unit)
         self._slot.set()
+        if recovered:
+            self.log.warning("handler.returned_after_release", healthy=self._healthy_threads())
 
     def _done(self, task: _Task) -> None:
         self.handled += 1
