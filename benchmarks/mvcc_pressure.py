@@ -49,7 +49,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.common import RESULTS, with_db
-from pgqueue.migrate import available
+from pgqueue._migrate import available
 
 QUEUE = "bench"
 WINDOW = 5.0

@@ -26,7 +26,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.common import with_db
-from pgqueue.migrate import migrate
+from pgqueue._migrate import migrate
 
 RESULTS = Path(__file__).parent / "results"
 

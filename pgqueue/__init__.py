@@ -1,31 +1,50 @@
-"""pgqueue: a Postgres message queue with exactly-once fan-in barriers."""
+"""pgqueue: a Postgres message queue with exactly-once fan-in barriers.
 
-from pgqueue.aio import AsyncClient
-from pgqueue.barrier import TRANSPORT_MARKER, BarrierStatus, MemberResult
-from pgqueue.claims import Claim, ClaimRecord
-from pgqueue.client import Client
-from pgqueue.consumer import App, Poison, Retry, Worker, WorkerSettings
-from pgqueue.errors import (
+This module is the whole public API, with pgqueue.types for the values the
+API hands out; every other module is private (its name starts with `_`).
+"""
+
+from pgqueue._async_client import AsyncClient
+from pgqueue._calls.queue import channel
+from pgqueue._client import Client
+from pgqueue._errors import (
     BarrierConflict,
     BarrierNotFound,
     ConnectionLost,
+    Contention,
     InvalidArgument,
     InvalidMessage,
     MigrationError,
     NotMigrated,
     PermissionDenied,
     PgQueueError,
+    Poison,
     QueueInUse,
     QueueNotFound,
+    Retry,
 )
-from pgqueue.idempotency import guard
-from pgqueue.poison import PoisonMessage
-from pgqueue.queue import Message, QueueInfo, QueueMetrics, channel
-from pgqueue.retry import RetryPolicy, is_dead_connection
+from pgqueue._guard import guard
+from pgqueue._retry import RetryPolicy, is_dead_connection
+from pgqueue._single_flight import AsyncClaim, Claim
+from pgqueue._worker import App, Worker, WorkerSettings
+from pgqueue.types import (
+    TRANSPORT_MARKER,
+    BarrierStatus,
+    ClaimRecord,
+    MemberFailure,
+    MemberResult,
+    Message,
+    PeekedMessage,
+    PoisonFilter,
+    PoisonMessage,
+    QueueInfo,
+    QueueMetrics,
+)
 
 __all__ = [
     "TRANSPORT_MARKER",
     "App",
+    "AsyncClaim",
     "AsyncClient",
     "BarrierConflict",
     "BarrierNotFound",
@@ -34,15 +53,19 @@ __all__ = [
     "ClaimRecord",
     "Client",
     "ConnectionLost",
+    "Contention",
     "InvalidArgument",
     "InvalidMessage",
+    "MemberFailure",
     "MemberResult",
     "Message",
     "MigrationError",
     "NotMigrated",
+    "PeekedMessage",
     "PermissionDenied",
     "PgQueueError",
     "Poison",
+    "PoisonFilter",
     "PoisonMessage",
     "QueueInUse",
     "QueueInfo",

@@ -1,5 +1,5 @@
 """`python -m pgqueue` runs the CLI."""
 
-from pgqueue.cli import main
+from pgqueue._cli import main
 
 main()

@@ -23,7 +23,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgqueue import Client, RetryPolicy
-from pgqueue.migrate import migrate
+from pgqueue._migrate import migrate
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -42,7 +42,7 @@ def _server_dsn(tmp_root: Path) -> str:
         return explicit
     if _answers(LOCAL_DSN):
         return LOCAL_DSN
-    from pgqueue.embedded import start_embedded
+    from pgqueue._embedded import start_embedded
 
     return start_embedded(tmp_root / "embedded-pg")
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import Client, InvalidArgument
-from pgqueue.errors import InvalidMessage
+from pgqueue._errors import InvalidMessage
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 FAST = settings(

@@ -17,10 +17,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pgqueue import barrier as b
-from pgqueue import poison as p
-from pgqueue import queue as q
-from pgqueue.client import execute
+from pgqueue._calls import barrier as b
+from pgqueue._calls import poison as p
+from pgqueue._calls import queue as q
+from pgqueue._connection import execute
 
 MAX_ATTEMPTS = 2
 

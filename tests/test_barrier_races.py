@@ -14,10 +14,10 @@ from test_concurrency import run_threads
 from test_faults import terminate_client_backends
 
 from pgqueue import Client
-from pgqueue import barrier as b
-from pgqueue import claims as cl
-from pgqueue import queue as q
-from pgqueue.client import execute
+from pgqueue._calls import barrier as b
+from pgqueue._calls import queue as q
+from pgqueue._calls import single_flight as cl
+from pgqueue._connection import execute
 
 MEMBERS = 200
 CONNECTIONS = 16

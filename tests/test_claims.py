@@ -10,7 +10,7 @@ import pytest
 from test_concurrency import run_threads
 
 from pgqueue import Client, InvalidArgument
-from pgqueue import claims as c
+from pgqueue._calls import single_flight as c
 
 
 def expire_leases(sql: Any) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from click.testing import CliRunner
 
-from pgqueue.cli import main
-from pgqueue.migrate import available
+from pgqueue._cli import main
+from pgqueue._migrate import available
 
 
 def test_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pgqueue import Client
-from pgqueue.cli import main
-from pgqueue.cli import poison as poison_cli
-from pgqueue.cli import queues as queues_cli
-from pgqueue.cli._common import parse_duration
+from pgqueue._cli import main
+from pgqueue._cli import poison as poison_cli
+from pgqueue._cli import queues as queues_cli
+from pgqueue._cli._common import parse_duration
 
 
 def cli(
@@ -458,7 +458,7 @@ def test_bulk_requeue_ends_while_consumers_keep_poisoning(
 def test_worker_refuses_bad_apps_and_missing_queues_in_one_line(dsn: str) -> None:
     line = one_line_error(cli(dsn, "worker", "no_such_module:app"))
     assert "cannot import 'no_such_module'" in line
-    line = one_line_error(cli(dsn, "worker", "pgqueue.demo:ORDERS"))
+    line = one_line_error(cli(dsn, "worker", "pgqueue._demo:ORDERS"))
     assert "is not a pgqueue.App" in line
     line = one_line_error(cli(dsn, "worker", "tests.worker_app:app"))
     assert "do not exist; create them first" in line

@@ -29,8 +29,8 @@ import yaml
 from conftest import wait_until
 from psycopg.conninfo import conninfo_to_dict
 
-from pgqueue.cli import main as cli
-from pgqueue.consumer import WorkerSettings
+from pgqueue._cli import main as cli
+from pgqueue._worker import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pgqueue import Client
-from pgqueue import queue as q
+from pgqueue._calls import queue as q
 
 READERS = 8
 

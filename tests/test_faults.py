@@ -13,9 +13,9 @@ import pytest
 from conftest import FAST_RETRY, restart_server
 from faultproxy import FaultProxy
 
-import pgqueue.client
+import pgqueue._connection
 from pgqueue import Client, ConnectionLost, QueueNotFound, RetryPolicy
-from pgqueue.calls import Call, scalar
+from pgqueue._calls import Call, scalar
 
 
 def terminate_client_backends(dsn: str, application_name: str = "pgqueue") -> int:
@@ -125,13 +125,13 @@ def test_plain_send_is_at_least_once_when_the_commit_reply_is_lost(
 
 def test_statement_errors_are_not_retried(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = pgqueue.client.execute
+    real = pgqueue._connection.execute
 
     def counting(conn: Any, call: Any) -> Any:
         calls.append(call.name)
         return real(conn, call)
 
-    monkeypatch.setattr(pgqueue.client, "execute", counting)
+    monkeypatch.setattr(pgqueue._connection, "execute", counting)
     with pytest.raises(QueueNotFound):
         client.send("missing", 1)
     assert calls == ["send"]

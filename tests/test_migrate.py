@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from pgqueue import Client, MigrationError, NotMigrated
-from pgqueue.migrate import available, current_version, migrate
+from pgqueue._migrate import available, current_version, migrate
 
 
 def test_migrate_twice_is_a_no_op(empty_dsn: str) -> None:

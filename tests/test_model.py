@@ -24,9 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pgqueue import poison as p
-from pgqueue import queue as q
-from pgqueue.client import execute
+from pgqueue._calls import poison as p
+from pgqueue._calls import queue as q
+from pgqueue._connection import execute
 
 QUEUE = "model"
 MAX_ATTEMPTS = 3

@@ -211,7 +211,7 @@ def test_purge_in_chunks_keeps_messages_sent_after_it_began(client: Client, queu
 
 
 def test_poison_filters_count_and_page(client: Client, queue: str, sql: Any) -> None:
-    from pgqueue.poison import PoisonFilter
+    from pgqueue.types import PoisonFilter
 
     ids = client.send_batch(queue, [{"n": n} for n in range(6)])
     for msg_id in ids:

@@ -35,12 +35,13 @@ from pgqueue import (
     Worker,
     WorkerSettings,
 )
-from pgqueue import claims as claims_calls
-from pgqueue.calls import Call, scalar
-from pgqueue.cli import main
-from pgqueue.errors import PermissionDenied
-from pgqueue.migrate import available, current_version, migrate
-from pgqueue.roles import CONSUMER, FUNCTION_ROLES, GROUP_ROLES, OPERATOR, PRODUCER
+from pgqueue._calls import Call, scalar
+from pgqueue._calls import single_flight as claims_calls
+from pgqueue._calls.guard import guard_call
+from pgqueue._cli import main
+from pgqueue._errors import PermissionDenied
+from pgqueue._migrate import available, current_version, migrate
+from pgqueue._roles import CONSUMER, FUNCTION_ROLES, GROUP_ROLES, OPERATOR, PRODUCER
 
 LATEST = available()[-1].version
 
@@ -193,7 +194,7 @@ NOT_FOR_PRODUCERS: list[tuple[str, Callable[[Client, dict[str, Any]], Any]]] = [
     ("list_claims", lambda c, s: c.list_claims()),
     ("purge_claims", lambda c, s: c.purge_claims(older_than_seconds=0)),
     ("claim", lambda c, s: c.run(claims_calls.claim("key", "thief", 30))),
-    ("guard", lambda c, s: c.run(pgqueue.idempotency.guard_call("g"))),
+    ("guard", lambda c, s: c.run(guard_call("g"))),
 ]
 
 
@@ -897,17 +898,17 @@ def test_migrations_of_two_databases_create_each_role_once(
 
 
 def test_permission_error_without_a_known_login_still_says_what_to_grant() -> None:
-    error = pgqueue.errors.permission_denied("permission denied for function read")
+    error = pgqueue._errors.permission_denied("permission denied for function read")
     assert str(error) == (
         "permission denied for function read: this connection's role may not call pgqueue.read;"
         " grant it pgqueue_consumer: GRANT pgqueue_consumer TO <login role>; (see docs/security.md)"
     )
-    quoted = pgqueue.errors.permission_denied("permission denied for table message", "App User")
+    quoted = pgqueue._errors.permission_denied("permission denied for table message", "App User")
     assert str(quoted) == (
         "permission denied for table message: role App User may not use pgqueue's tables"
         " directly; call pgqueue's functions (see docs/security.md)"
     )
-    peek = pgqueue.errors.permission_denied("permission denied for function peek", "App User")
+    peek = pgqueue._errors.permission_denied("permission denied for function peek", "App User")
     assert 'GRANT pgqueue_operator TO "App User";' in str(peek)
 
 

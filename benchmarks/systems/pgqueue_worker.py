@@ -9,7 +9,7 @@ import argparse
 import os
 
 from pgqueue import App, Client, Message, Worker, WorkerSettings
-from pgqueue.log import configure_logging
+from pgqueue._log import configure_logging
 
 app = App()
 

@@ -54,8 +54,8 @@ from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 from soak_app import CALLBACKS, JOBS, WORK  # noqa: E402
 
 from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
-from pgqueue.log import configure_logging  # noqa: E402
-from pgqueue.migrate import migrate  # noqa: E402
+from pgqueue._log import configure_logging  # noqa: E402
+from pgqueue._migrate import migrate  # noqa: E402
 
 OBSERVER = "soak-observer"
 

@@ -1,0 +1,117 @@
+"""Barriers as calls: fan out N messages, count member completions, fire exactly one callback."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pgqueue._calls import JSONB_ELEMENTS, Call, Row, encode_json, encode_json_list, scalar
+from pgqueue.types import BarrierStatus, MemberFailure, MemberResult
+
+OUTCOMES = ("succeeded", "failed")
+
+
+def _statuses(rows: list[Row]) -> list[BarrierStatus]:
+    return [BarrierStatus(*r) for r in rows]
+
+
+def fan_out(
+    queue: str,
+    messages: Sequence[Any],
+    callback_queue: str,
+    callback_message: Any,
+    barrier_id: str | None,
+    headers: dict[str, Any] | None = None,
+    deadline_seconds: int | None = None,
+) -> Call[str]:
+    """Send the members and arm their barrier in one transaction; the barrier id.
+
+    The id is generated here, once per call, when not given: a retry of the
+    same call then finds its first attempt and sends nothing twice.
+    """
+    if barrier_id is None:
+        barrier_id = str(uuid.uuid4())
+    return Call(
+        "fan_out",
+        f"SELECT pgqueue.fan_out(%s, {JSONB_ELEMENTS}, %s, %s::jsonb, %s, %s::jsonb, %s)",
+        (
+            queue,
+            encode_json_list(messages, "messages"),
+            callback_queue,
+            encode_json(callback_message, "callback_message"),
+            barrier_id,
+            None if headers is None else encode_json(headers, "headers"),
+            deadline_seconds,
+        ),
+        scalar,
+    )
+
+
+def complete_members(
+    queue: str,
+    msg_ids: Sequence[int],
+    outcomes: Sequence[str] | None = None,
+    results: Sequence[Any] | None = None,
+    read_cts: Sequence[int | None] | None = None,
+) -> Call[list[BarrierStatus]]:
+    """Ack members and count each once; the state of every barrier they belong to.
+
+    An entry with a read_ct acts only while that read's lease is current
+    (else it is left alone, and its barrier is not in the result).
+    """
+    return Call(
+        "complete_members",
+        "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[],"
+        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'}, %s::integer[])",
+        (
+            queue,
+            list(msg_ids),
+            None if outcomes is None else list(outcomes),
+            *(() if results is None else (encode_json_list(results, "results"),)),
+            None if read_cts is None else list(read_cts),
+        ),
+        _statuses,
+    )
+
+
+def barrier_status(barrier_id: str) -> Call[BarrierStatus]:
+    """The barrier's progress; BarrierNotFound if there is no such barrier."""
+    return Call(
+        "barrier_status",
+        "SELECT * FROM pgqueue.barrier_status(%s)",
+        (barrier_id,),
+        lambda rows: _statuses(rows)[0],
+    )
+
+
+def barrier_results(barrier_id: str) -> Call[list[MemberResult]]:
+    """Every member's outcome and result, by member index."""
+    return Call(
+        "barrier_results",
+        "SELECT * FROM pgqueue.barrier_results(%s)",
+        (barrier_id,),
+        lambda rows: [MemberResult(*r) for r in rows],
+    )
+
+
+def barrier_failures(barrier_id: str, qty: int = 100) -> Call[list[MemberFailure]]:
+    """The members that completed other than succeeded, by member index, with their reason."""
+    return Call(
+        "barrier_failures",
+        "SELECT * FROM pgqueue.barrier_failures(%s, %s)",
+        (barrier_id, qty),
+        lambda rows: [MemberFailure(*r) for r in rows],
+    )
+
+
+def list_barriers(state: str | None = None, qty: int = 100) -> Call[list[BarrierStatus]]:
+    """The newest barriers, optionally only those in one state."""
+    return Call(
+        "list_barriers", "SELECT * FROM pgqueue.list_barriers(%s, %s)", (state, qty), _statuses
+    )
+
+
+def expire_barriers() -> Call[int]:
+    """Fire the callbacks of overdue barriers (missing members timed out); how many."""
+    return Call("expire_barriers", "SELECT pgqueue.expire_barriers()", (), scalar)

@@ -1,0 +1,301 @@
+"""The queue contract as calls: send, read, ack, leases and metrics over the SQL functions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pgqueue._calls import (
+    JSONB_ELEMENTS,
+    JSONB_ELEMENTS_NULLABLE,
+    Call,
+    Row,
+    column,
+    encode_json,
+    encode_json_list,
+    int32,
+    nothing,
+    scalar,
+)
+from pgqueue._errors import InvalidArgument
+from pgqueue.types import JSON, Message, PeekedMessage, QueueInfo, QueueMetrics
+
+_RECORD = "msg_id, read_ct, enqueued_at, vt, message, headers"
+
+
+def _messages(queue: str) -> Any:
+    def read(rows: list[Row]) -> list[Message]:
+        return [Message(queue, *r) for r in rows]
+
+    return read
+
+
+def _first_message(queue: str) -> Any:
+    def read(rows: list[Row]) -> Message | None:
+        return Message(queue, *rows[0]) if rows else None
+
+    return read
+
+
+def _metrics(rows: list[Row]) -> list[QueueMetrics]:
+    return [QueueMetrics(*r) for r in rows]
+
+
+def create_queue(queue: str, max_attempts: int = 5) -> Call[None]:
+    """Create the queue, or set max_attempts on the existing one."""
+    return Call(
+        "create_queue",
+        "SELECT pgqueue.create_queue(%s, %s)",
+        (queue, int32("max_attempts", max_attempts)),
+        nothing,
+    )
+
+
+def drop_queue(queue: str) -> Call[bool]:
+    """Drop the queue with all its messages, archive and poison rows; False if absent."""
+    return Call("drop_queue", "SELECT pgqueue.drop_queue(%s)", (queue,), scalar)
+
+
+def list_queues() -> Call[list[QueueInfo]]:
+    """Every queue, by name."""
+    return Call(
+        "list_queues",
+        "SELECT queue_name, max_attempts, created_at FROM pgqueue.list_queues()",
+        (),
+        lambda rows: [QueueInfo(*r) for r in rows],
+    )
+
+
+def purge_queue(queue: str) -> Call[int]:
+    """Delete every live message of the queue; the count removed."""
+    return Call("purge_queue", "SELECT pgqueue.purge_queue(%s)", (queue,), scalar)
+
+
+def send(
+    queue: str,
+    message: JSON,
+    headers: dict[str, Any] | None = None,
+    delay: int = 0,
+    dedupe_key: str | None = None,
+) -> Call[int]:
+    """Enqueue one message; with a dedupe_key, at most one live message holds that key."""
+    # A token only where it buys something: with a dedupe_key, a retry of this
+    # call that finds its own earlier attempt already consumed returns that id
+    # instead of sending again (exactly-once across the retry).
+    token = uuid.uuid4() if dedupe_key is not None else None
+    return Call(
+        "send",
+        "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s)",
+        (
+            queue,
+            encode_json(message, "message"),
+            None if headers is None else encode_json(headers, "headers"),
+            int32("delay", delay),
+            dedupe_key,
+            token,
+        ),
+        scalar,
+    )
+
+
+def send_batch(
+    queue: str,
+    messages: Sequence[JSON],
+    headers: Sequence[dict[str, Any] | None] | None = None,
+    delay: int = 0,
+) -> Call[list[int]]:
+    """Enqueue many messages in one statement; their ids in input order."""
+    if headers is not None and len(headers) != len(messages):
+        raise InvalidArgument(
+            f"headers has {len(headers)} elements but messages has {len(messages)};"
+            " pass one headers value per message, or None for none"
+        )
+    headers_sql = "NULL::jsonb[]" if headers is None else JSONB_ELEMENTS_NULLABLE
+    return Call(
+        "send_batch",
+        f"SELECT * FROM pgqueue.send_batch(%s, {JSONB_ELEMENTS}, {headers_sql}, %s)",
+        (
+            queue,
+            encode_json_list(messages, "messages"),
+            *(() if headers is None else (encode_json_list(headers, "headers"),)),
+            int32("delay", delay),
+        ),
+        column,
+    )
+
+
+def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:
+    """Claim up to qty visible messages, hidden from other readers for vt seconds."""
+    return Call(
+        "read",
+        f"SELECT {_RECORD} FROM pgqueue.read(%s, %s, %s)",
+        (queue, int32("vt", vt), int32("qty", qty)),
+        _messages(queue),
+    )
+
+
+def read_with_poll(
+    queue: str, vt: int, qty: int, max_poll_seconds: int = 5, poll_interval_ms: int = 100
+) -> Call[list[Message]]:
+    """Like read, but waits up to max_poll_seconds for a message to become visible."""
+    return Call(
+        "read_with_poll",
+        f"SELECT {_RECORD} FROM pgqueue.read_with_poll(%s, %s, %s, %s, %s)",
+        (
+            queue,
+            int32("vt", vt),
+            int32("qty", qty),
+            int32("max_poll_seconds", max_poll_seconds),
+            int32("poll_interval_ms", poll_interval_ms),
+        ),
+        _messages(queue),
+    )
+
+
+def pop(queue: str, qty: int = 1) -> Call[list[Message]]:
+    """Take up to qty visible messages and delete them at once (at-most-once delivery)."""
+    return Call(
+        "pop",
+        f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)",
+        (queue, int32("qty", qty)),
+        _messages(queue),
+        retryable=False,
+    )
+
+
+def delete(queue: str, msg_id: int) -> Call[bool]:
+    """Ack one message; False if it was already gone."""
+    return Call("delete", "SELECT pgqueue.delete(%s, %s::bigint)", (queue, msg_id), scalar)
+
+
+def delete_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
+    """Ack many messages; the ids that were still there."""
+    return Call(
+        "delete",
+        "SELECT * FROM pgqueue.delete(%s, %s::bigint[])",
+        (queue, list(msg_ids)),
+        column,
+    )
+
+
+def archive(queue: str, msg_id: int) -> Call[bool]:
+    """Ack one message by moving it to the archive; False if it was already gone."""
+    return Call("archive", "SELECT pgqueue.archive(%s, %s::bigint)", (queue, msg_id), scalar)
+
+
+def archive_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
+    """Archive many messages; the ids that were still there."""
+    return Call(
+        "archive",
+        "SELECT * FROM pgqueue.archive(%s, %s::bigint[])",
+        (queue, list(msg_ids)),
+        column,
+    )
+
+
+def set_vt(
+    queue: str, msg_id: int, vt: int, error: str | None = None, read_ct: int | None = None
+) -> Call[Message | None]:
+    """Make the message visible again vt seconds from now; None if it is gone.
+
+    With `read_ct` (the one the read returned) only the holder of that lease
+    moves it: None also when another reader has taken the message over since.
+    An `error` is kept with the message (the latest one wins) and quoted in
+    the poison reason if the message is poison-dropped later.
+    """
+    if read_ct is not None:
+        return Call(
+            "set_vt",
+            f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text, %s)",
+            (queue, msg_id, int32("vt", vt), error, int32("read_ct", read_ct)),
+            _first_message(queue),
+        )
+    if error is None:
+        return Call(
+            "set_vt",
+            f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
+            (queue, msg_id, int32("vt", vt)),
+            _first_message(queue),
+        )
+    return Call(
+        "set_vt",
+        f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text)",
+        (queue, msg_id, int32("vt", vt), error),
+        _first_message(queue),
+    )
+
+
+def nack(
+    queue: str, msg_id: int, read_ct: int, delay: int, error: str | None = None
+) -> Call[str | None]:
+    """The holder's nack: "retry" (visible after delay), "poisoned" (its last attempt), or None.
+
+    None: the lease that read_ct names is not the current one, and nothing changed.
+    """
+    return Call(
+        "nack",
+        "SELECT pgqueue.nack(%s, %s, %s, %s, %s::text)",
+        (queue, msg_id, int32("read_ct", read_ct), int32("delay", delay), error),
+        scalar,
+    )
+
+
+def hold_leases(queue: str, leases: Sequence[tuple[int, int]]) -> Call[list[int]]:
+    """Lock until the transaction ends the messages still leased as (msg_id, read_ct); their ids."""
+    return Call(
+        "hold_leases",
+        "SELECT * FROM pgqueue.hold_leases(%s, %s::bigint[], %s::integer[])",
+        (queue, [m for m, _ in leases], [r for _, r in leases]),
+        column,
+    )
+
+
+def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMessage]]:
+    """Live messages in msg_id order after after_msg_id, without claiming or changing them."""
+    return Call(
+        "peek",
+        "SELECT * FROM pgqueue.peek(%s, %s, %s)",
+        (queue, int32("qty", qty), after_msg_id),
+        lambda rows: [PeekedMessage(queue, *r) for r in rows],
+    )
+
+
+def purge_queue_chunk(queue: str, up_to_msg_id: int, qty: int) -> Call[int]:
+    """Delete up to qty live messages with msg_id <= up_to_msg_id, oldest first; how many."""
+    return Call(
+        "purge_queue_chunk",
+        "SELECT pgqueue.purge_queue_chunk(%s, %s, %s)",
+        (queue, up_to_msg_id, qty),
+        scalar,
+    )
+
+
+def metrics(queue: str) -> Call[QueueMetrics]:
+    """Size and age figures of one queue."""
+    return Call(
+        "metrics",
+        "SELECT * FROM pgqueue.metrics(%s)",
+        (queue,),
+        lambda rows: _metrics(rows)[0],
+    )
+
+
+def metrics_all() -> Call[list[QueueMetrics]]:
+    """Size and age figures of every queue."""
+    return Call("metrics_all", "SELECT * FROM pgqueue.metrics_all()", (), _metrics)
+
+
+def channel(queue: str) -> str:
+    """The LISTEN channel on which sends announce new messages while someone waits."""
+    return f"pgqueue_{queue}"
+
+
+def listen(queue: str) -> Call[str]:
+    """LISTEN on the queue's channel and declare this session waiting, so sends notify it."""
+    return Call("listen", "SELECT pgqueue.listen(%s)", (queue,), scalar)
+
+
+def unlisten(queue: str) -> Call[None]:
+    """Stop waiting on the queue: sends stop paying for a notification on our behalf."""
+    return Call("unlisten", "SELECT pgqueue.unlisten(%s)", (queue,), nothing)

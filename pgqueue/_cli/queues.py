@@ -1,0 +1,348 @@
+"""`pgqueue queue …`, `send`, `peek` and `metrics`: queues and their live messages."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from pgqueue._cli._common import (
+    Column,
+    Progress,
+    clip,
+    compact_json,
+    confirm,
+    connection_options,
+    echo_table,
+    emit_json,
+    expected_errors,
+    fail,
+    json_option,
+    open_client,
+    plural,
+    server_now,
+    shape,
+    when,
+    yes_option,
+)
+from pgqueue._cli._main import main
+from pgqueue._client import Client
+from pgqueue._errors import InvalidMessage
+from pgqueue.types import PeekedMessage, QueueMetrics
+
+# Rows per transaction for bulk work: short transactions, steady progress.
+CHUNK = 1000
+
+QUEUE_FIELDS = {"queue": "queue_name", "max_attempts": "max_attempts", "created_at": "created_at"}
+METRICS_FIELDS = {
+    "queue": "queue_name",
+    "queue_length": "queue_length",
+    "visible_length": "visible_length",
+    "oldest_msg_age_sec": "oldest_msg_age_sec",
+    "newest_msg_age_sec": "newest_msg_age_sec",
+    "total_messages": "total_messages",
+    "poison_length": "poison_length",
+    "scrape_time": "scrape_time",
+}
+PEEK_FIELDS = {
+    "queue": "queue",
+    "msg_id": "msg_id",
+    "read_ct": "read_ct",
+    "enqueued_at": "enqueued_at",
+    "vt": "vt",
+    "dedupe_key": "dedupe_key",
+    "last_error": "last_error",
+    "message": "message",
+    "headers": "headers",
+}
+
+
+@main.group()
+def queue() -> None:
+    """Create, list, purge and drop queues."""
+
+
+@queue.command("create")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Reads before a message is poison-dropped.",
+)
+@connection_options
+def queue_create(
+    names: tuple[str, ...], max_attempts: int, dsn: str | None, connect_timeout: float
+) -> None:
+    """Create each queue NAME (or set its max-attempts if it exists), in one transaction."""
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        existing = {q.queue_name for q in client.list_queues()}
+        with client.connection() as conn, conn.transaction():
+            for name in names:
+                client.create_queue(name, max_attempts=max_attempts, conn=conn)
+        for name in names:
+            verb = "updated" if name in existing else "created"
+            click.echo(f"{verb} queue {name!r} (max_attempts={max_attempts})")
+
+
+@queue.command("list")
+@json_option
+@connection_options
+def queue_list(as_json: bool, dsn: str | None, connect_timeout: float) -> None:
+    """List every queue with its max-attempts."""
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        queues = client.list_queues()
+    if as_json:
+        emit_json([shape(q, QUEUE_FIELDS) for q in queues])
+        return
+    echo_table(
+        [Column("QUEUE"), Column("MAX_ATTEMPTS", right=True), Column("CREATED")],
+        [(q.queue_name, q.max_attempts, when(q.created_at)) for q in queues],
+        empty="no queues yet; create one with `pgqueue queue create NAME`",
+    )
+
+
+def _purge_live(client: Client, name: str, m: QueueMetrics, label: str) -> int:
+    """Delete the queue's live messages in chunks, up to the last id sent before we began."""
+    bar = Progress(m.queue_length, label)
+    done = 0
+    try:
+        while True:
+            n = client.purge_queue_chunk(name, up_to_msg_id=m.total_messages, qty=CHUNK)
+            if n == 0:
+                return done
+            done += n
+            bar.update(n)
+    except KeyboardInterrupt:
+        fail(f"interrupted after purging {plural(done, 'message')}; run it again to finish", 130)
+    finally:
+        bar.close()
+
+
+@queue.command("purge")
+@click.argument("name")
+@yes_option
+@connection_options
+def queue_purge(name: str, yes: bool, dsn: str | None, connect_timeout: float) -> None:
+    """Delete every live message of NAME (poison messages stay; see `poison purge`).
+
+    Messages sent while the purge runs are kept. Barrier members purged count
+    as failed, so their barriers still fire.
+    """
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        m = client.metrics(name)  # QueueNotFound: one line
+        if m.queue_length == 0:
+            click.echo(f"queue {name!r} has no live messages; nothing to purge")
+            return
+        confirm(f"Delete the {plural(m.queue_length, 'live message')} of queue {name!r}?", yes)
+        done = _purge_live(client, name, m, f"purging {name}")
+        click.echo(f"purged {plural(done, 'message')} from queue {name!r}")
+
+
+@queue.command("drop")
+@click.argument("name")
+@yes_option
+@connection_options
+def queue_drop(name: str, yes: bool, dsn: str | None, connect_timeout: float) -> None:
+    """Drop NAME with its live, archived and poison messages.
+
+    Refused while open barriers will send their callback to NAME.
+    """
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        m = client.metrics(name)  # QueueNotFound: one line
+        confirm(
+            f"Drop queue {name!r} with {plural(m.queue_length, 'live message')}"
+            f" and {plural(m.poison_length, 'poison message')}?",
+            yes,
+        )
+        if m.queue_length > CHUNK:
+            _purge_live(client, name, m, f"emptying {name}")
+        if not client.drop_queue(name):
+            fail(f"queue {name!r} was dropped by someone else meanwhile")
+        click.echo(f"dropped queue {name!r}")
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidMessage(
+            f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno});"
+            " nothing was sent"
+        ) from exc
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("message", metavar="[JSON | -]", required=False, default="-")
+@click.option("--delay", type=click.IntRange(min=0), default=0, help="Seconds before visible.")
+@click.option("--headers", default=None, metavar="JSON", help="Headers: a JSON object.")
+@click.option("--dedupe-key", default=None, help="Single-flight key (one message only).")
+@json_option
+@connection_options
+def send(
+    queue_name: str,
+    message: str,
+    delay: int,
+    headers: str | None,
+    dedupe_key: str | None,
+    as_json: bool,
+    dsn: str | None,
+    connect_timeout: float,
+) -> None:
+    """Send one JSON message to QUEUE, or with `-` (the default) one per line of stdin.
+
+    All lines are checked before anything is sent, and they are sent in one
+    transaction: a bad line or a lost connection sends nothing.
+    """
+    with expected_errors():
+        parsed_headers = None if headers is None else _parse_json(headers, "--headers")
+        if parsed_headers is not None and not isinstance(parsed_headers, dict):
+            raise InvalidMessage('--headers must be a JSON object like {"trace": "t-1"}')
+        if message == "-":
+            messages = [
+                _parse_json(line, f"line {n} of stdin")
+                for n, line in enumerate(sys.stdin, start=1)
+                if line.strip()
+            ]
+            if not messages:
+                fail("no messages on stdin (one JSON value per line); nothing was sent")
+            if dedupe_key is not None and len(messages) > 1:
+                fail("--dedupe-key applies to one message; stdin had several; nothing was sent")
+        else:
+            messages = [_parse_json(message, "the message")]
+        with open_client(dsn, connect_timeout) as client:
+            ids = _send_all(client, queue_name, messages, parsed_headers, delay, dedupe_key)
+    if as_json:
+        emit_json({"queue": queue_name, "msg_ids": ids})
+    elif len(ids) == 1:
+        click.echo(f"sent msg_id {ids[0]} to queue {queue_name!r}")
+    else:
+        click.echo(
+            f"sent {len(ids)} messages to queue {queue_name!r} (msg_ids {ids[0]}..{ids[-1]})"
+        )
+
+
+def _send_all(
+    client: Client,
+    queue_name: str,
+    messages: list[Any],
+    headers: dict[str, Any] | None,
+    delay: int,
+    dedupe_key: str | None,
+) -> list[int]:
+    """Send everything in one transaction (all or nothing); the msg_ids in order."""
+    if len(messages) == 1:
+        msg_id = client.send(
+            queue_name, messages[0], headers=headers, delay=delay, dedupe_key=dedupe_key
+        )
+        return [msg_id]
+    ids: list[int] = []
+    bar = Progress(len(messages), f"sending to {queue_name}")
+    try:
+        with client.connection() as conn, conn.transaction():
+            for start in range(0, len(messages), CHUNK):
+                chunk = messages[start : start + CHUNK]
+                ids += client.send_batch(
+                    queue_name, chunk, headers=[headers] * len(chunk), delay=delay, conn=conn
+                )
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+    return ids
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows at most."
+)
+@click.option("--after", type=click.IntRange(min=0), default=0, help="Start after this msg_id.")
+@json_option
+@connection_options
+def peek(
+    queue_name: str, limit: int, after: int, as_json: bool, dsn: str | None, connect_timeout: float
+) -> None:
+    """Show QUEUE's live messages, oldest first, without claiming them.
+
+    Nothing changes: no visibility timeout is set and read counts stay.
+    STATE is visible (a read would take it), in_flight (leased to a consumer
+    until VISIBLE AT) or delayed (sent with a delay).
+    """
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        now = server_now(client)
+        got = client.peek(queue_name, qty=limit, after_msg_id=after)
+    if as_json:
+        emit_json([{**shape(p, PEEK_FIELDS), "state": p.state(now)} for p in got])
+        return
+    echo_table(
+        [
+            Column("MSG_ID", right=True),
+            Column("STATE"),
+            Column("READ_CT", right=True),
+            Column("ENQUEUED"),
+            Column("VISIBLE AT"),
+            Column("LAST ERROR"),
+            Column("MESSAGE"),
+        ],
+        [_peek_row(p, now) for p in got],
+        empty=f"queue {queue_name!r} has no live messages"
+        + (f" after msg_id {after}" if after else ""),
+        footer=f"(first {limit}; more with --after {got[-1].msg_id})" if len(got) == limit else "",
+    )
+
+
+def _peek_row(p: PeekedMessage, now: Any) -> tuple[Any, ...]:
+    return (
+        p.msg_id,
+        p.state(now),
+        p.read_ct,
+        when(p.enqueued_at),
+        when(p.vt),
+        clip(p.last_error or "-", 40),
+        clip(compact_json(p.message), 50),
+    )
+
+
+@main.command()
+@click.argument("queue_name", metavar="[QUEUE]", required=False)
+@json_option
+@connection_options
+def metrics(queue_name: str | None, as_json: bool, dsn: str | None, connect_timeout: float) -> None:
+    """Show size and age figures of QUEUE, or of every queue."""
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        rows = [client.metrics(queue_name)] if queue_name else client.metrics_all()
+    if as_json:
+        emit_json([shape(m, METRICS_FIELDS) for m in rows])
+        return
+
+    def age(seconds: int | None) -> str:
+        return "-" if seconds is None else f"{seconds}s"
+
+    echo_table(
+        [
+            Column("QUEUE"),
+            Column("LIVE", right=True),
+            Column("VISIBLE", right=True),
+            Column("OLDEST", right=True),
+            Column("NEWEST", right=True),
+            Column("SENT", right=True),
+            Column("POISON", right=True),
+        ],
+        [
+            (
+                m.queue_name,
+                m.queue_length,
+                m.visible_length,
+                age(m.oldest_msg_age_sec),
+                age(m.newest_msg_age_sec),
+                m.total_messages,
+                m.poison_length,
+            )
+            for m in rows
+        ],
+        empty="no queues yet; create one with `pgqueue queue create NAME`",
+    )

@@ -1,0 +1,111 @@
+"""Client: a blocking pgqueue client over a connection pool; its methods live in pgqueue._api."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from pgqueue import _migrate
+from pgqueue._api.barrier import BarrierApi
+from pgqueue._api.leases import LeaseApi
+from pgqueue._api.poison import PoisonApi
+from pgqueue._api.queue import QueueApi
+from pgqueue._api.single_flight import SingleFlightApi
+from pgqueue._calls import Call
+from pgqueue._connection import Connection, PoolSpec, raise_translated, run_on_pool
+from pgqueue._retry import RetryPolicy
+from pgqueue._settings import UNSET, Unset
+
+T = TypeVar("T")
+
+
+class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
+    """A thread-safe pgqueue client over a connection pool; every call retries dead connections."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Connection],
+        *,
+        retry: RetryPolicy | None = None,
+        owns_pool: bool = False,
+        dsn_label: str = "the database",
+        role: str | None = None,
+    ) -> None:
+        """Wrap an open pool; `owns_pool` makes close() close it too; `role` names its login."""
+        self.pool = pool
+        self.retry = retry or RetryPolicy()
+        self._owns_pool = owns_pool
+        self._dsn_label = dsn_label
+        self._role = role
+
+    @classmethod
+    def from_dsn(
+        cls,
+        dsn: str | None = None,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 5.0,
+        prepare_threshold: int | Unset | None = UNSET,
+        retry: RetryPolicy | None = None,
+        wait_seconds: float = 0.0,
+    ) -> Client:
+        """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
+
+        With `wait_seconds`, a server that is down or starting is waited for
+        that long (each wait logged as `database.waiting`); other errors, such
+        as a wrong password, still fail at once. Set prepare_threshold=None
+        behind PgBouncer in transaction mode when it is older than 1.21 (it
+        cannot keep prepared statements); unset, it comes from
+        $PGQUEUE_PREPARE_THRESHOLD (a number, or "off"), else 5.
+        """
+        spec = PoolSpec.resolve(dsn, min_size, max_size, connect_timeout, prepare_threshold)
+        pool = spec.pool()
+        # Fail fast with one clear line rather than at the first call; and
+        # learn the login role, which permission errors name.
+        role = spec.probe(wait_seconds)
+        pool.open(wait=False)
+        return cls(pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role)
+
+    def close(self) -> None:
+        """Close the pool if this client opened it."""
+        if self._owns_pool:
+            self.pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A pooled connection (autocommit) for the caller's own transaction work."""
+        with self.pool.connection() as conn:
+            yield conn
+
+    def run(self, call: Call[T], conn: Connection | None = None) -> T:
+        """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+        return run_on_pool(self.pool, call, self.retry, self._dsn_label, self._role, conn)
+
+    def _raise(self, exc: psycopg.Error, what: str) -> None:
+        raise_translated(exc, what, self._dsn_label, self._role)
+
+    def conninfo(self) -> str:
+        """The connection string this client's pool connects with (its password included)."""
+        return str(self.pool.conninfo)
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations (safe to run from many processes at once); names applied."""
+        with self.pool.connection() as conn:
+            return [m.name for m in _migrate.migrate(conn)]

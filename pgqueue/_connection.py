@@ -1,0 +1,279 @@
+"""The connection plumbing both clients share: pools, running a call, retries, errors, notices.
+
+`Client` and `AsyncClient` are thin facades over this module: what a pool
+looks like, how a call runs (on the caller's connection as is, or on the pool
+with the dead-connection retry policy), how a database error becomes a
+`PgQueueError` and what the SQL tells by NOTICE are each written once here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgqueue._calls import Call
+from pgqueue._errors import ConnectionLost, InvalidArgument, translate
+from pgqueue._retry import NO_RETRY, RetryPolicy, is_dead_connection, is_server_not_ready
+from pgqueue._settings import (
+    Unset,
+    describe_dsn,
+    prepare_threshold_from_env,
+    require_dsn,
+    unreachable,
+)
+
+T = TypeVar("T")
+log = structlog.get_logger("pgqueue")
+
+Connection = psycopg.Connection[Any]
+AsyncConnection = psycopg.AsyncConnection[Any]
+
+
+def execute(conn: Connection, call: Call[T]) -> T:
+    """Run one call on the given connection, inside whatever transaction it has."""
+    with conn.cursor() as cur:
+        cur.execute(call.sql, call.params)
+        rows = cur.fetchall() if cur.description is not None else []
+    return call.result(rows)
+
+
+async def execute_async(conn: AsyncConnection, call: Call[T]) -> T:
+    """Run one call on the given async connection, inside whatever transaction it has."""
+    async with conn.cursor() as cur:
+        await cur.execute(call.sql, call.params)
+        rows = await cur.fetchall() if cur.description is not None else []
+    return call.result(rows)
+
+
+def raise_translated(
+    exc: psycopg.Error, what: str, dsn_label: str, role: str | None = None
+) -> None:
+    """Re-raise a database error as the PgQueueError it means (or return to re-raise it as is).
+
+    `role`, the login role of the connection, is named in a permission error.
+    """
+    if is_dead_connection(exc):
+        raise ConnectionLost(
+            f"{what}: lost the connection to {dsn_label} and could not get a working one"
+            f" back ({str(exc).strip() or type(exc).__name__}); check that the server is up"
+            " and reachable, then call again"
+        ) from exc
+    mapped = translate(exc, role)
+    if mapped is not None:
+        raise mapped from exc
+
+
+# The NOTICE a read raises for each message it poison-dropped: the rows a read
+# returns are only the ones it delivered.
+SQLSTATE_POISONED_NOTICE = "PGQ10"
+
+
+def log_notice(diag: psycopg.errors.Diagnostic) -> None:
+    """Log what pgqueue's SQL tells the client by NOTICE: one line per message a read poisoned."""
+    if diag.sqlstate != SQLSTATE_POISONED_NOTICE:
+        return
+    try:
+        what = json.loads(diag.message_detail or "")
+    except ValueError:
+        return
+    log.warning(
+        "message.poisoned",
+        queue=what.get("queue"),
+        msg_id=what.get("msg_id"),
+        read_ct=what.get("read_ct"),
+        reason=what.get("reason"),
+        by="read",
+    )
+
+
+def configure(conn: Connection) -> None:
+    """What every pooled connection of a Client gets: pgqueue's notices logged."""
+    conn.add_notice_handler(log_notice)
+
+
+async def configure_async(conn: AsyncConnection) -> None:
+    """The same for an AsyncClient's connections."""
+    conn.add_notice_handler(log_notice)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """How both clients open their pool: one place, so the two cannot drift."""
+
+    dsn: str
+    label: str
+    min_size: int
+    max_size: int
+    connect_timeout: float
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def resolve(
+        cls,
+        dsn: str | None,
+        min_size: int,
+        max_size: int,
+        connect_timeout: float,
+        prepare_threshold: int | Unset | None,
+    ) -> PoolSpec:
+        """The DSN (else $PGQUEUE_DSN / $DATABASE_URL), checked sizes, and connection settings.
+
+        Unset, prepare_threshold comes from $PGQUEUE_PREPARE_THRESHOLD (a
+        number, or "off"), else 5; set it to None behind PgBouncer in
+        transaction mode when it is older than 1.21.
+        """
+        if isinstance(prepare_threshold, Unset):
+            prepare_threshold = prepare_threshold_from_env()
+        resolved = require_dsn(dsn)
+        if min_size < 0 or max_size < max(1, min_size):
+            raise InvalidArgument(
+                f"pool sizes must satisfy 0 <= min_size <= max_size and max_size >= 1,"
+                f" got min_size={min_size} max_size={max_size}"
+            )
+        kwargs = {
+            "autocommit": True,
+            "connect_timeout": max(1, int(connect_timeout)),
+            "prepare_threshold": prepare_threshold,
+            "application_name": "pgqueue",
+        }
+        return cls(resolved, describe_dsn(resolved), min_size, max_size, connect_timeout, kwargs)
+
+    def pool(self) -> ConnectionPool[Connection]:
+        """A pool for a Client, not opened yet."""
+        return ConnectionPool(
+            self.dsn,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            kwargs=self.kwargs,
+            configure=configure,
+            timeout=max(self.connect_timeout, 1.0),
+            open=False,
+            name="pgqueue",
+        )
+
+    def async_pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        """A pool for an AsyncClient, not opened yet."""
+        return AsyncConnectionPool(
+            self.dsn,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            kwargs=self.kwargs,
+            configure=configure_async,
+            timeout=max(self.connect_timeout, 1.0),
+            open=False,
+            name="pgqueue-async",
+        )
+
+    def _waited_out(self, exc: psycopg.OperationalError, wait_seconds: float, left: float) -> bool:
+        """Log the wait and say True while waiting may help; else False (the caller raises)."""
+        if left <= 0 or not is_server_not_ready(exc):
+            return False
+        log.warning(
+            "database.waiting",
+            dsn=self.label,
+            error=(str(exc).strip().splitlines() or [type(exc).__name__])[-1].strip(),
+            gives_up_in=round(left, 1),
+        )
+        return True
+
+    def _unreachable(self, exc: psycopg.OperationalError, wait_seconds: float) -> ConnectionLost:
+        error = unreachable(self.label, self.connect_timeout, exc)
+        if wait_seconds > 0 and is_server_not_ready(exc):
+            error = ConnectionLost(f"{error}; waited {wait_seconds:g}s for it")
+        return error
+
+    def probe(self, wait_seconds: float) -> str:
+        """The login role of a first connection; waits up to wait_seconds for a server not up."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                with psycopg.connect(self.dsn, connect_timeout=self.kwargs["connect_timeout"]) as c:
+                    return c.info.user
+            except psycopg.OperationalError as exc:
+                left = deadline - time.monotonic()
+                if not self._waited_out(exc, wait_seconds, left):
+                    raise self._unreachable(exc, wait_seconds) from exc
+                time.sleep(min(1.0, left))
+
+    async def probe_async(self, wait_seconds: float) -> str:
+        """The same, from asyncio."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, connect_timeout=self.kwargs["connect_timeout"]
+                )
+                role = conn.info.user
+                await conn.close()
+                return role
+            except psycopg.OperationalError as exc:
+                left = deadline - time.monotonic()
+                if not self._waited_out(exc, wait_seconds, left):
+                    raise self._unreachable(exc, wait_seconds) from exc
+                await asyncio.sleep(min(1.0, left))
+
+
+def run_on_pool(
+    pool: ConnectionPool[Connection],
+    call: Call[T],
+    retry: RetryPolicy,
+    label: str,
+    role: str | None,
+    conn: Connection | None = None,
+) -> T:
+    """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+    try:
+        if conn is not None:
+            # The caller's transaction: retrying here could split it, so never.
+            return execute(conn, call)
+        policy = retry if call.retryable else NO_RETRY
+        for attempt in policy.retrying(call.name):
+            with attempt:
+                try:
+                    with pool.connection() as pooled:
+                        return execute(pooled, call)
+                except psycopg.OperationalError as exc:
+                    if is_dead_connection(exc):
+                        # Other idle connections likely died with this one
+                        # (server restart, PgBouncer reap): drop them now.
+                        pool.check()
+                    raise
+    except psycopg.Error as exc:
+        raise_translated(exc, call.name, label, role)
+        raise
+    raise AssertionError("unreachable: tenacity re-raises the last error")
+
+
+async def run_on_async_pool(
+    pool: AsyncConnectionPool[AsyncConnection],
+    call: Call[T],
+    retry: RetryPolicy,
+    label: str,
+    role: str | None,
+    conn: AsyncConnection | None = None,
+) -> T:
+    """The asyncio twin of run_on_pool."""
+    try:
+        if conn is not None:
+            return await execute_async(conn, call)
+        policy = retry if call.retryable else NO_RETRY
+        async for attempt in policy.async_retrying(call.name):
+            with attempt:
+                try:
+                    async with pool.connection() as pooled:
+                        return await execute_async(pooled, call)
+                except psycopg.OperationalError as exc:
+                    if is_dead_connection(exc):
+                        await pool.check()
+                    raise
+    except psycopg.Error as exc:
+        raise_translated(exc, call.name, label, role)
+        raise
+    raise AssertionError("unreachable: tenacity re-raises the last error")

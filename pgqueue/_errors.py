@@ -1,0 +1,222 @@
+"""Every error pgqueue raises, each declared once with the SQLSTATEs it stands for.
+
+A class that stands for SQLSTATEs names them in `sqlstates`; declaring it
+registers them, and `translate` looks the class up by the state a database
+error carries. `SQLSTATES` below is the one list of the codes pgqueue's SQL
+raises (tests/sql/test_errors.py checks it against sql/). `Poison` and
+`Retry` are here too: a handler raises them to tell the worker what to do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+import psycopg
+
+from pgqueue._roles import FUNCTION_ROLES, GROUP_ROLES
+
+# The SQLSTATEs pgqueue's SQL raises, with what each means. The PGQ class is
+# pgqueue's own; the others are Postgres' standard codes, used for what they say.
+SQLSTATES: dict[str, str] = {
+    "PGQ01": "the named queue does not exist",
+    "PGQ02": "the named barrier does not exist",
+    "PGQ03": "a barrier id was reused for another fan-out",
+    "PGQ10": "(a NOTICE, not an error) a read poison-dropped this message",
+    "22004": "a required argument is NULL",
+    "22023": "an argument is out of range or malformed (a negative vt, a bad queue name, ...)",
+    "55000": "a dedupe key could not be settled: it is being sent and acked continuously",
+    "55006": "a queue that open barriers call back into cannot be dropped",
+}
+
+_REGISTRY: dict[str, type[PgQueueError]] = {}
+
+
+class PgQueueError(Exception):
+    """Base class of every error pgqueue raises on purpose."""
+
+    sqlstates: ClassVar[tuple[str, ...]] = ()
+    """The SQLSTATEs this class stands for; declaring a subclass registers them."""
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        for state in cls.__dict__.get("sqlstates", ()):
+            if state in _REGISTRY:
+                raise TypeError(f"SQLSTATE {state} is {_REGISTRY[state].__name__}'s already")
+            _REGISTRY[state] = cls
+
+    def __init__(self, message: str, *, what: str | None = None) -> None:
+        """An error whose text says what went wrong and what to do; `what` alone says the first."""
+        super().__init__(message)
+        self.what = what or message
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """This error for a database error of one of its states; None if it is not one after all."""
+        return cls(primary + hint, what=primary)
+
+
+class QueueNotFound(PgQueueError):
+    """The named queue does not exist."""
+
+    sqlstates = ("PGQ01",)
+
+
+class BarrierNotFound(PgQueueError):
+    """The named barrier does not exist."""
+
+    sqlstates = ("PGQ02",)
+
+
+class BarrierConflict(PgQueueError):
+    """A barrier id was reused for a different fan-out."""
+
+    sqlstates = ("PGQ03",)
+
+
+class QueueInUse(PgQueueError):
+    """The queue cannot be dropped: open barriers will call back into it."""
+
+    sqlstates = ("55006",)
+
+
+class Contention(PgQueueError):
+    """A dedupe key kept changing hands while a send tried to settle it; send again."""
+
+    sqlstates = ("55000",)
+
+
+class InvalidArgument(PgQueueError, ValueError):
+    """An argument was rejected (negative timeout, bad queue name, ...)."""
+
+    sqlstates: ClassVar[tuple[str, ...]] = ("22023", "22004", "22P02", "22003", "54000", "23514")
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """InvalidMessage for a value past what jsonb holds; else the rejected argument."""
+        if exc.sqlstate == "54000" and "jsonb" in primary:
+            return InvalidMessage(
+                f"{primary}: a message and its headers are stored as jsonb, which holds at most"
+                " 255 MB in one string and 255 MB in all; store large data elsewhere and send a"
+                " reference to it. Nothing was enqueued"
+            )
+        return cls(primary + hint, what=primary)
+
+
+class InvalidMessage(InvalidArgument):
+    """A message or its headers cannot be stored as JSON."""
+
+
+class ConnectionLost(PgQueueError):
+    """The database could not be reached, even after retrying on fresh connections."""
+
+
+class NotMigrated(PgQueueError):
+    """The database has no (or an outdated) pgqueue schema."""
+
+    sqlstates = ("3F000", "42883", "42P01", "42704")
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """Only when the missing object is pgqueue's (an application's own is not ours)."""
+        if "pgqueue" not in str(exc):
+            return None
+        return cls(
+            f"{primary}: the database is missing pgqueue's schema or a newer part of it;"
+            " run `pgqueue migrate` (or Client.migrate()) against it"
+        )
+
+
+class MigrationError(PgQueueError):
+    """A migration could not be applied, or an applied one was edited."""
+
+
+class PermissionDenied(PgQueueError):
+    """The connection's role may not do this; the message names the pgqueue role to grant."""
+
+    sqlstates = ("42501",)
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """The role that lacks the right, and the GRANT that gives it."""
+        return permission_denied(primary, role)
+
+
+class Poison(Exception):
+    """Raised by a handler: never retry this message; poison it with this reason."""
+
+
+class Retry(Exception):
+    """Raised by a handler: try this message again after `delay` seconds (default: backoff)."""
+
+    def __init__(self, reason: str = "", *, delay: int | None = None) -> None:
+        """Ask for a retry, optionally after a fixed delay in seconds."""
+        super().__init__(reason)
+        self.delay = delay
+
+
+_DENIED = re.compile(r"permission denied for (\w+) (\S+)")
+_PLAIN_ROLE = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def _sql_role(role: str) -> str:
+    return role if _PLAIN_ROLE.fullmatch(role) else '"' + role.replace('"', '""') + '"'
+
+
+def permission_denied(primary: str, role: str | None = None) -> PermissionDenied:
+    """The error for SQLSTATE 42501: which role lacks which right, and the GRANT that gives it.
+
+    `role` is the login role of the connection, when the caller knows it.
+    """
+    who = f"role {role}" if role else "this connection's role"
+    grantee = _sql_role(role) if role else "<login role>"
+    match = _DENIED.fullmatch(primary)
+    kind, name = match.groups() if match else ("", "")
+    if kind == "function" and name in FUNCTION_ROLES:
+        roles = FUNCTION_ROLES[name]
+        choice = roles[0] if len(roles) == 1 else "one of " + ", ".join(roles)
+        advice = (
+            f"{who} may not call pgqueue.{name}; grant it {choice}: GRANT {roles[0]} TO {grantee};"
+        )
+    elif kind == "function":
+        advice = (
+            f"pgqueue.{name} is internal to pgqueue and no role may call it; call the API functions"
+        )
+    elif kind == "schema" and name == "pgqueue":
+        advice = (
+            f"{who} is in none of pgqueue's roles; grant it the one it needs"
+            f" ({', '.join(GROUP_ROLES)}), e.g. GRANT {GROUP_ROLES[1]} TO {grantee};"
+        )
+    elif kind in ("table", "sequence", "view"):
+        advice = f"{who} may not use pgqueue's {kind}s directly; call pgqueue's functions"
+    else:
+        advice = f"{who} lacks this right"
+    return PermissionDenied(f"{primary}: {advice} (see docs/security.md)", what=primary)
+
+
+def translate(exc: psycopg.Error, role: str | None = None) -> PgQueueError | None:
+    """The pgqueue error a database error means, or None if it is not one of ours.
+
+    `role`, the connection's login role if known, is named in a permission error.
+    """
+    state = exc.sqlstate
+    primary = exc.diag.message_primary or str(exc).strip()
+    if state is None:
+        if isinstance(exc, psycopg.DataError):
+            # Raised by psycopg itself while sending an argument (a NUL byte in
+            # a text value, say): nothing reached the server.
+            return InvalidArgument(f"{primary}; nothing was sent")
+        return None
+    cls = _REGISTRY.get(state)
+    if cls is None:
+        return None
+    hint = f" ({exc.diag.message_hint})" if exc.diag.message_hint else ""
+    return cls.from_database(exc, primary, hint, role)

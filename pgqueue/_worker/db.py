@@ -1,0 +1,93 @@
+"""Everything a worker asks of the database, in one narrow interface over a Client.
+
+No duty of the worker reaches into the client's pool or runs SQL of its own:
+they call these methods, and each is one call of the SQL API (retried on a
+dead connection by the client, except inside a handler's transaction).
+Lease changes are fenced by the read_ct of the read that leased the
+message; acks are not (README, "Leases: fenced, and acks not").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from pgqueue._calls import barrier as _barrier
+from pgqueue._calls import queue as _queue
+from pgqueue._client import Client
+from pgqueue._connection import Connection
+from pgqueue.types import Message
+
+
+class WorkerDb:
+    """The database as a worker sees it."""
+
+    def __init__(self, client: Client, ack: str = "delete") -> None:
+        """Over `client`; plain messages are acked by `ack` ("delete" or "archive")."""
+        self.client = client
+        self.ack_mode = ack
+
+    def max_attempts(self) -> dict[str, int]:
+        """Every queue, with its max_attempts."""
+        return {q.queue_name: q.max_attempts for q in self.client.list_queues()}
+
+    def read(self, queue: str, vt: int, qty: int) -> list[Message]:
+        """Lease up to qty messages for vt seconds."""
+        return self.client.read(queue, vt=vt, qty=qty)
+
+    def extend(self, msg: Message, vt: int) -> bool:
+        """Extend our lease by vt seconds; False when another reader holds it now."""
+        return self.client.set_vt(msg.queue, msg.msg_id, vt, read_ct=msg.read_ct) is not None
+
+    def release(self, msg: Message) -> bool:
+        """Make the message visible now; False when our lease was taken over."""
+        return self.client.set_vt(msg.queue, msg.msg_id, 0, read_ct=msg.read_ct) is not None
+
+    def nack(self, msg: Message, delay: int, error: str) -> str | None:
+        """Give a failed attempt back: "retry", "poisoned" (its last), or None (lease lost)."""
+        return self.client.nack(
+            msg.queue, msg.msg_id, read_ct=msg.read_ct, delay=delay, error=error
+        )
+
+    def poison(self, msg: Message, reason: str) -> bool:
+        """Poison the message now; False when our lease was taken over."""
+        return self.client.poison(msg.queue, msg.msg_id, reason, read_ct=msg.read_ct)
+
+    def ack(
+        self,
+        queue: str,
+        member: bool,
+        msg_ids: Sequence[int],
+        results: Sequence[Any],
+        conn: Connection | None = None,
+    ) -> None:
+        """Ack messages of one queue in one statement: members are completed with their results."""
+        if member:
+            call = _barrier.complete_members(queue, msg_ids, ["succeeded"] * len(msg_ids), results)
+            self.client.run(call, conn)
+        elif self.ack_mode == "archive":
+            self.client.archive_many(queue, msg_ids, conn=conn)
+        else:
+            self.client.delete_many(queue, msg_ids, conn=conn)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection in a transaction, for a transactional handler and its ack."""
+        with self.client.connection() as conn, conn.transaction():
+            yield conn
+
+    def hold(self, queue: str, msgs: Sequence[Message], conn: Connection) -> bool:
+        """Lock our leases until conn's transaction ends; False if one was taken over."""
+        held = self.client.run(
+            _queue.hold_leases(queue, [(m.msg_id, m.read_ct) for m in msgs]), conn
+        )
+        return len(held) == len(msgs)
+
+    def expire_barriers(self) -> int:
+        """Fire the callbacks of overdue barriers."""
+        return self.client.expire_barriers()
+
+    def conninfo(self) -> str:
+        """The connection string of the client, for a connection of the worker's own (LISTEN)."""
+        return self.client.conninfo()

@@ -1,0 +1,163 @@
+"""The worker's leases: heartbeats, hard timeouts, give-backs, nacks and poisons, all fenced.
+
+Every change this duty makes to a lease names the read_ct of the read that
+leased the message, so a worker that was stalled past its vt (and taken over)
+changes nothing; it then logs `message.lease_lost` once and leaves that lease
+alone for good.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import psycopg
+
+from pgqueue._errors import PgQueueError, Retry
+from pgqueue._worker.clock import Clock
+from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.inflight import InFlight, Task, message_log
+from pgqueue._worker.settings import WorkerSettings
+
+# What a database call of the runtime may raise: pgqueue's own errors, and a
+# database error pgqueue does not translate (a deadlock still failing after its
+# retries, say). The runtime logs them and goes on; it must not die of them.
+DB_ERRORS = (PgQueueError, psycopg.Error)
+
+
+class Leases:
+    """Keeps the leases of running messages, and gives back what the worker will not finish."""
+
+    def __init__(
+        self, db: WorkerDb, inflight: InFlight, settings: WorkerSettings, clock: Clock, log: Any
+    ) -> None:
+        """The lease duty of one worker."""
+        self.db = db
+        self.inflight = inflight
+        self.settings = settings
+        self.clock = clock
+        self.log = log
+        self.max_attempts: dict[str, int] = {}
+
+    def heartbeat(self) -> None:
+        """Extend the leases of running messages that used up part of their vt.
+
+        Only running ones: a message waiting locally whose lease would need
+        extending has waited too long for a handler, and goes back to the queue.
+        """
+        s = self.settings
+        running, waiting = self.inflight.due(self.clock.now(), s.vt * (1 - s.heartbeat_fraction))
+        for task in waiting:
+            self.give_back(task, "waited a lease's worth for a handler")
+        for task in running:
+            msg = task.msg
+            try:
+                extended = self.db.extend(msg, s.vt)
+            except DB_ERRORS as exc:
+                message_log(self.log, msg).error("message.heartbeat_failed", error=str(exc))
+                continue
+            task.lease_until = self.clock.now() + s.vt
+            if extended:
+                message_log(self.log, msg).debug("message.heartbeat", vt=s.vt)
+            else:
+                self.lost(task)
+
+    def lost(self, task: Task) -> None:
+        """Our lease on the message is gone: say so once, and never touch that lease again."""
+        if self.inflight.mark_lease_lost(task):  # not for a heartbeat racing our own ack
+            message_log(self.log, task.msg).warning("message.lease_lost")
+
+    def release_hung(self) -> None:
+        """Give back the messages whose handlers ran past the hard timeout."""
+        now = self.clock.now()
+        hung = self.inflight.hung(now, self.settings.hard_timeout)
+        for task in hung:
+            message_log(self.log, task.msg).error(
+                "handler.hung",
+                running_for=round(now - task.started, 1),
+                hard_timeout=self.settings.hard_timeout,
+            )
+            self.give_back(task, "hung")
+        if hung and self.inflight.healthy_threads() <= 0:
+            self.log.error(
+                "worker.stuck",
+                concurrency=self.settings.concurrency,
+                advice="every handler thread is in a hung handler: reading stops until one returns",
+            )
+            self.give_back_waiting("no handler thread can start it")
+
+    def give_back_waiting(self, why: str) -> None:
+        """Give back every message that waits locally and has not started."""
+        for task in self.inflight.abandon_waiting():
+            self.give_back(task, why)
+
+    def give_back_all(self, why: str) -> int:
+        """Give back every message still held; how many."""
+        left = self.inflight.abandon_all()
+        for task in left:
+            self.give_back(task, why)
+        return len(left)
+
+    def give_back(self, task: Task, why: str) -> None:
+        """Make an abandoned task's message visible to others now, if our lease is still current."""
+        self.inflight.drop(task)
+        if task.lease_lost:
+            return
+        msg = task.msg
+        try:
+            released = self.db.release(msg)
+        except DB_ERRORS as exc:
+            message_log(self.log, msg).error("message.release_failed", error=str(exc))
+            return
+        if released:
+            message_log(self.log, msg).warning("message.released", why=why, started=task.running)
+        else:
+            self.lost(task)
+
+    def nack(self, task: Task, exc: Exception) -> None:
+        """Give the failed attempt back with a backoff; its last one goes to the poison table."""
+        s = self.settings
+        msg = task.msg
+        mlog = message_log(self.log, msg)
+        if task.abandoned or task.lease_lost:
+            return  # given back meanwhile, or the lease is another reader's: its run decides
+        if isinstance(exc, Retry) and exc.delay is not None:
+            delay = exc.delay
+        else:
+            backoff = min(s.backoff_max, s.backoff_base * 2 ** max(msg.read_ct - 1, 0))
+            delay = round(backoff * random.uniform(0.5, 1.5))
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            outcome = self.db.nack(msg, max(0, int(delay)), error)
+        except DB_ERRORS as nack_exc:
+            mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
+            return
+        if outcome == "retry":
+            mlog.warning("message.failed", error=error, retry_in=delay)
+        elif outcome == "poisoned":
+            mlog.warning(
+                "message.poisoned",
+                reason="max_attempts exceeded",
+                error=error,
+                max_attempts=self.max_attempts.get(msg.queue),
+                by="nack",
+            )
+        else:
+            mlog.warning("message.failed", error=error)
+            self.lost(task)
+
+    def poison(self, task: Task, exc: Exception) -> None:
+        """Poison the message at once, as its handler asked, if our lease is still current."""
+        if task.abandoned or task.lease_lost:
+            return
+        msg = task.msg
+        reason = str(exc) or "poisoned by its handler"
+        try:
+            moved = self.db.poison(msg, reason)
+        except DB_ERRORS as db_exc:
+            message_log(self.log, msg).error("message.poison_failed", error=str(db_exc))
+            return
+        if moved:
+            message_log(self.log, msg).warning("message.poisoned", reason=reason, by="handler")
+        else:
+            self.lost(task)

@@ -1,0 +1,64 @@
+"""The worker's wake-ups: LISTEN/NOTIFY on a connection of its own; polling when it cannot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from pgqueue._calls import queue as _queue
+from pgqueue._connection import Connection, execute
+
+
+class Listener:
+    """Waits for a send to one of the queues, or for the poll interval, whichever comes first."""
+
+    def __init__(
+        self, conninfo: str, queues: tuple[str, ...], stopping: threading.Event, log: Any
+    ) -> None:
+        """Wake-ups for these queues over a connection to `conninfo` (opened when first idle)."""
+        self.conninfo = conninfo
+        self.queues = queues
+        self.stopping = stopping
+        self.log = log
+        self.conn: Connection | None = None
+        self.registered = False
+
+    def idle(self, timeout: float) -> None:
+        """Declare ourselves waiting (first call) or wait for a send (later calls)."""
+        try:
+            if self.conn is None:
+                self.conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
+            if not self.registered:
+                for q in self.queues:
+                    execute(self.conn, _queue.listen(q))
+                self.registered = True
+                return  # the caller reads once more: a send before listen() went unannounced
+            # In slices, so a stop request is answered within a second.
+            deadline = time.monotonic() + timeout
+            while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+                if list(self.conn.notifies(timeout=min(left, 1.0), stop_after=1)):
+                    return
+        except psycopg.Error as exc:
+            self.log.warning("listen.failed", error=str(exc).strip(), fallback="polling")
+            self.close()
+            self.stopping.wait(timeout)
+
+    def busy(self) -> None:
+        """Stop waiting: sends to busy queues should not pay for a NOTIFY."""
+        if self.registered and self.conn is not None:
+            try:
+                for q in self.queues:
+                    execute(self.conn, _queue.unlisten(q))
+            except psycopg.OperationalError:
+                self.close()
+        self.registered = False
+
+    def close(self) -> None:
+        """Drop the connection (its waiter rows go with the session)."""
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self.registered = False

@@ -1,0 +1,110 @@
+"""The worker's reads: lease as many messages as it can start, round-robin over its queues.
+
+Back-pressure: up to `batch` messages wait locally beyond the ones running on
+healthy handler threads (a thread held by a hung handler starts nothing), and
+a read waits until half a batch has room, so reads fetch whole batches instead
+of the few slots that just freed. With no healthy thread nothing is read: a
+worker leases no more than it can start.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pgqueue._worker.app import App
+from pgqueue._worker.clock import Clock
+from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.dispatch import Dispatcher
+from pgqueue._worker.inflight import Batch, InFlight, Task
+from pgqueue._worker.leases import DB_ERRORS
+from pgqueue._worker.settings import WorkerSettings
+
+
+class Reader:
+    """Fills a worker's free capacity with reads; extra reader threads overlap their reads."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: WorkerSettings,
+        db: WorkerDb,
+        inflight: InFlight,
+        dispatcher: Dispatcher,
+        stopping: threading.Event,
+        clock: Clock,
+        log: Any,
+    ) -> None:
+        """The reading duty of one worker; start() starts its extra reader threads."""
+        self.app = app
+        self.settings = settings
+        self.db = db
+        self.inflight = inflight
+        self.dispatcher = dispatcher
+        self.stopping = stopping
+        self.clock = clock
+        self.log = log
+        # A batch handler holds a whole read while it runs: room for one per thread.
+        batched = any(app.handlers[q].batch for q in settings.queues)
+        self.unit = settings.batch_size if batched else 1
+        self._turn = 0
+        self._threads: list[threading.Thread] = []
+
+    def room(self) -> int:
+        """How many more messages the worker may lease now (0: none until something finishes)."""
+        s = self.settings
+        healthy = self.inflight.healthy_threads()
+        if healthy <= 0:
+            return 0
+        in_flight = len(self.inflight)
+        free = healthy * self.unit + s.batch_size - in_flight
+        if in_flight > healthy and free < max(1, s.batch_size // 2):
+            return 0
+        return max(free, 0)
+
+    def fill(self) -> int:
+        """Read up to the free capacity, round-robin over the queues; how many were read."""
+        s = self.settings
+        got = 0
+        for i in range(len(s.queues)):
+            free = self.room()
+            if self.stopping.is_set() or free <= 0:
+                break
+            queue = s.queues[(self._turn + i) % len(s.queues)]
+            try:
+                msgs = self.db.read(queue, s.vt, min(s.batch_size, free))
+            except DB_ERRORS as exc:
+                self.log.error("worker.read_failed", queue=queue, error=str(exc))
+                self.stopping.wait(s.poll_interval)
+                continue
+            read_at = self.clock.now()
+            handler = self.app.handlers[queue]
+            tasks = [Task(msg, handler, read_at, read_at + s.vt) for msg in msgs]
+            batch = Batch(tasks) if handler.batch and tasks else None
+            for task in tasks:
+                task.batch = batch
+            self.dispatcher.submit(tasks, batch)
+            got += len(msgs)
+        self._turn += 1
+        return got
+
+    def start(self) -> None:
+        """Start the extra readers (readers - 1): one reads while another waits on the database."""
+        self._threads = [
+            threading.Thread(target=self._extra, name=f"pgqueue-reader-{i}", daemon=True)
+            for i in range(1, self.settings.readers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def join(self) -> None:
+        """Wait for the extra readers to end (after stopping): what they read is held by then."""
+        for t in self._threads:
+            t.join()
+
+    def _extra(self) -> None:
+        while not self.stopping.is_set():
+            if self.fill():
+                continue
+            # No room, or nothing visible: a short pause when busy, a poll when idle.
+            self.stopping.wait(0.002 if len(self.inflight) else self.settings.poll_interval)

@@ -1,0 +1,204 @@
+"""Worker: the coordinator of a worker's duties, and its life: start, signals, the loop, shutdown.
+
+The duties each own their state (pgqueue/_worker/): the table of messages in
+flight, the reader, the dispatcher and its handler threads, the acker, the
+leases, the listener. The Worker builds them, starts their threads in run(),
+ticks them from its loop, and stops them in order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+from pgqueue._client import Client
+from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
+from pgqueue._worker.acker import Acker
+from pgqueue._worker.app import App
+from pgqueue._worker.clock import Clock, SystemClock
+from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.dispatch import Dispatcher
+from pgqueue._worker.inflight import InFlight
+from pgqueue._worker.leases import DB_ERRORS, Leases
+from pgqueue._worker.listener import Listener
+from pgqueue._worker.reader import Reader
+from pgqueue._worker.settings import WorkerSettings
+
+log = structlog.get_logger("pgqueue")
+
+
+class Worker:
+    """Runs an App's handlers against the queues until stopped; see WorkerSettings."""
+
+    def __init__(
+        self,
+        app: App,
+        client: Client,
+        settings: WorkerSettings | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        """A worker over `client`'s pool (which needs concurrency + readers + 1 connections)."""
+        settings = settings or WorkerSettings()
+        queues = settings.queues or tuple(app.handlers)
+        missing = [q for q in queues if q not in app.handlers]
+        if not queues or missing:
+            raise InvalidArgument(
+                f"no handler for queue(s) {missing}" if missing else "the app has no handlers"
+            )
+        self.app = app
+        self.settings = s = replace(settings, queues=queues)
+        self.clock = clock or SystemClock()
+        self.log = log.bind(worker=f"{os.getpid()}")
+        self.db = WorkerDb(client, s.ack)
+        self._stopping = threading.Event()
+        self._forced = threading.Event()
+        self.inflight = InFlight(s.concurrency)
+        self.leases = Leases(self.db, self.inflight, s, self.clock, self.log)
+        self.acker = Acker(self.db, self.clock, self.log)
+        self.dispatcher = Dispatcher(
+            s.concurrency,
+            self.db,
+            self.inflight,
+            self.leases,
+            self.acker,
+            self._stopping,
+            self.clock,
+            self.log,
+        )
+        self.reader = Reader(
+            app, s, self.db, self.inflight, self.dispatcher, self._stopping, self.clock, self.log
+        )
+        self._last_sweep = -float("inf")
+
+    @property
+    def handled(self) -> int:
+        """How many messages this worker has acked."""
+        return self.acker.handled
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop reading and finish in-flight work (force: give it back at once)."""
+        if force:
+            self._forced.set()
+        self._stopping.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = not self._stopping.is_set()
+        self.log.warning("worker.signal", signal=signal.Signals(signum).name, graceful=first)
+        self.stop(force=not first)
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stop() or SIGTERM/SIGINT (a second one stops at once); the exit code."""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        s = self.settings
+        self._check_queues()
+        self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
+        listener = (
+            Listener(s.listen_dsn or self.db.conninfo(), s.queues, self._stopping, self.log)
+            if s.listen
+            else None
+        )
+        self.acker.start()
+        self.dispatcher.start()
+        self.reader.start()
+        try:
+            while not self._stopping.is_set():
+                self._tick()
+                if self.reader.fill():
+                    if listener:
+                        listener.busy()
+                    continue
+                if len(self.inflight):
+                    self._wait_for_a_slot(0.2)
+                elif listener:
+                    listener.idle(s.poll_interval)
+                else:
+                    self._stopping.wait(s.poll_interval)
+        finally:
+            self._stopping.set()
+            self.reader.join()  # a read in progress holds its tasks before shutdown looks
+            if listener:
+                listener.close()
+            code = self._shutdown()
+        return code
+
+    def _check_queues(self) -> None:
+        """Wait for the database (up to startup_timeout); refuse queues that are missing.
+
+        A worker often starts before its database (a container, a restart):
+        refused connections and a server starting or shutting down are waited
+        out, each wait logged; any other error is raised at once. A read of
+        nothing then makes a login role that may not read (docs/security.md)
+        fail here with one PermissionDenied, not at every poll from now on.
+        """
+        s = self.settings
+        deadline = self.clock.now() + s.startup_timeout
+        while True:
+            try:
+                self.leases.max_attempts = self.db.max_attempts()
+                break
+            except ConnectionLost as exc:
+                left = deadline - self.clock.now()
+                if left <= 0 or self._stopping.is_set():
+                    raise ConnectionLost(
+                        f"{exc}; gave up after waiting {s.startup_timeout:g}s"
+                        " (PGQUEUE_STARTUP_TIMEOUT)"
+                    ) from exc
+                self.log.warning(
+                    "worker.waiting_for_database", error=exc.what, gives_up_in=round(left, 1)
+                )
+                self._stopping.wait(min(1.0, left))
+        missing = [q for q in s.queues if q not in self.leases.max_attempts]
+        if missing:
+            raise QueueNotFound(
+                f"queue(s) {', '.join(missing)} do not exist; create them first"
+                " (Client.create_queue or SELECT pgqueue.create_queue(...)), or pass --queue"
+                " for the ones this worker should consume"
+            )
+        for q in s.queues:
+            self.db.read(q, s.vt, 0)
+
+    def _tick(self) -> None:
+        s = self.settings
+        if s.health_file and self.inflight.healthy_threads() > 0:
+            # Not touched while every handler thread is stuck: probes see it age.
+            Path(s.health_file).touch()
+        self.leases.heartbeat()
+        if s.hard_timeout:
+            self.leases.release_hung()
+        now = self.clock.now()
+        if s.sweep_interval and now - self._last_sweep >= s.sweep_interval:
+            self._last_sweep = now
+            try:
+                self.db.expire_barriers()
+            except DB_ERRORS as exc:
+                self.log.error("barrier.sweep_failed", error=str(exc))
+
+    def _wait_for_a_slot(self, timeout: float) -> None:
+        # A wake-up lost between wait() and clear() costs one more pass of the
+        # loop, never a stall: the caller counts the tasks again first.
+        self.inflight.changed.wait(timeout)
+        self.inflight.changed.clear()
+
+    def _shutdown(self) -> int:
+        s = self.settings
+        self.log.info("worker.stopping", in_flight=len(self.inflight), grace=s.shutdown_grace)
+        # Nothing starts once stopping (InFlight.begin): what waits locally goes back now.
+        self.leases.give_back_waiting("the worker is stopping")
+        deadline = self.clock.now() + (0 if self._forced.is_set() else s.shutdown_grace)
+        while len(self.inflight) and self.clock.now() < deadline and not self._forced.is_set():
+            self.leases.heartbeat()
+            self._wait_for_a_slot(min(0.2, max(deadline - self.clock.now(), 0)))
+        released = self.leases.give_back_all("still running when the worker stopped")
+        self.acker.stop()
+        self.dispatcher.close()
+        self.log.info("worker.stopped", handled=self.handled, released=released)
+        return 130 if self._forced.is_set() else 0

@@ -1,0 +1,177 @@
+"""The values pgqueue hands out: messages, metrics, barrier and poison records.
+
+Every one is a frozen dataclass, built from a row of the SQL API; nothing here
+talks to the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+JSON = Any
+"""A JSON value as Python holds it: dict, list, str, int, float, bool or None."""
+
+# Header keys a barrier writes; keys starting with RESERVED_PREFIX are
+# pgqueue's alone (send refuses them), so TRANSPORT_MARKER cannot be forged.
+RESERVED_PREFIX = "_pg_"
+TRANSPORT_MARKER = "_pg_transport"
+BARRIER_ID = "barrier_id"
+MEMBER_INDEX = "member_index"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as delivered: hidden from other readers until `vt`."""
+
+    queue: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    vt: datetime
+    message: JSON
+    headers: dict[str, Any] | None
+
+    def _header(self, key: str) -> Any:
+        return self.headers.get(key) if isinstance(self.headers, dict) else None
+
+    @property
+    def barrier_id(self) -> str | None:
+        """The barrier this message is a member (or the callback) of, if any."""
+        value = self._header(BARRIER_ID)
+        return value if isinstance(value, str) else None
+
+    @property
+    def member_index(self) -> int | None:
+        """This member's position in its fan-out (0-based); None if not a member."""
+        value = self._header(MEMBER_INDEX)
+        return value if isinstance(value, int) else None
+
+    @property
+    def is_callback(self) -> bool:
+        """True when pgqueue's barrier sent this message (it carries the transport marker)."""
+        return self._header(TRANSPORT_MARKER) is True
+
+
+@dataclass(frozen=True, slots=True)
+class PeekedMessage:
+    """A live message as seen by an operator: looked at, not leased."""
+
+    queue: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    vt: datetime
+    message: JSON
+    headers: dict[str, Any] | None
+    dedupe_key: str | None
+    last_error: str | None
+
+    def state(self, now: datetime) -> str:
+        """visible (a read would take it), in_flight (leased to a consumer) or delayed."""
+        if self.vt <= now:
+            return "visible"
+        return "in_flight" if self.read_ct > 0 else "delayed"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue and its settings."""
+
+    queue_name: str
+    max_attempts: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """A snapshot of one queue's size and age, as of `scrape_time`."""
+
+    queue_name: str
+    queue_length: int
+    visible_length: int
+    oldest_msg_age_sec: int | None
+    newest_msg_age_sec: int | None
+    total_messages: int
+    poison_length: int
+    scrape_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierStatus:
+    """A barrier's progress; `state` is open, fired or expired."""
+
+    barrier_id: str
+    queue_name: str | None
+    callback_queue: str | None
+    total: int
+    succeeded: int
+    failed: int
+    remaining: int
+    state: str
+    created_at: datetime
+    fired_at: datetime | None
+    callback_msg_id: int | None
+    deadline: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResult:
+    """How one member of a barrier ended (outcome None while it is pending)."""
+
+    member_index: int
+    msg_id: int
+    outcome: str | None
+    result: Any
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberFailure:
+    """A member that did not succeed, and why (one line an operator can read)."""
+
+    member_index: int
+    msg_id: int
+    outcome: str
+    reason: str
+    result: Any
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonMessage:
+    """A message that will not be delivered again until an operator requeues it."""
+
+    queue_name: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    poisoned_at: datetime
+    reason: str
+    message: Any
+    headers: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonFilter:
+    """Which poison messages of a queue a bulk operation touches: poisoned in [after, before)."""
+
+    after: datetime | None = None
+    before: datetime | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A claim as stored: held (with a lease) or finished (a tombstone)."""
+
+    key: str
+    owner: str
+    state: str
+    lease_until: datetime | None
+    claimed_at: datetime
+    finished_at: datetime | None
+
+
+ANY_POISON = PoisonFilter()
