@@ -458,7 +458,7 @@ def test_bulk_requeue_ends_while_consumers_keep_poisoning(
 def test_worker_refuses_bad_apps_and_missing_queues_in_one_line(dsn: str) -> None:
     line = one_line_error(cli(dsn, "worker", "no_such_module:app"))
     assert "cannot import 'no_such_module'" in line
-    line = one_line_error(cli(dsn, "worker", "pgqueue._demo:ORDERS"))
+    line = one_line_error(cli(dsn, "worker", "pgqueue._cli.demo:ORDERS"))
     assert "is not a pgqueue.App" in line
     line = one_line_error(cli(dsn, "worker", "tests.worker_app:app"))
     assert "do not exist; create them first" in line

@@ -107,7 +107,7 @@ def demo(dsn: str | None, timeout: float) -> None:
     barrier fires exactly once (succeeded=99 failed=1), and the poison table
     is printed. It uses the queues demo_orders and demo_orders_done.
     """
-    from pgqueue._demo import run_demo
+    from pgqueue._cli.demo import run_demo
     from pgqueue._embedded import start_embedded
 
     if "PGQUEUE_LOG_LEVEL" not in os.environ:

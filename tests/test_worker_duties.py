@@ -1,0 +1,145 @@
+"""The worker's duties one at a time, on a real database and a clock that moves when told.
+
+No sleeps: the clock decides when a lease needs a heartbeat, when a waiting
+message has waited too long, when a handler is hung, and how much the
+reader may lease.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+
+from pgqueue import App, Client, Message, WorkerSettings
+from pgqueue._worker.app import Handler
+from pgqueue._worker.clock import ManualClock
+from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.inflight import InFlight, Task
+from pgqueue._worker.leases import Leases
+from pgqueue._worker.reader import Reader
+
+LOG = structlog.get_logger("pgqueue")
+
+
+def noop(msg: Message) -> None:
+    return None
+
+
+HANDLER = Handler("jobs", noop, transactional=False, is_async=False)
+
+
+def duties(client: Client, **settings: Any) -> tuple[ManualClock, InFlight, Leases, WorkerSettings]:
+    s = WorkerSettings(queues=("jobs",), **settings)
+    clock = ManualClock()
+    inflight = InFlight(s.concurrency)
+    return clock, inflight, Leases(WorkerDb(client), inflight, s, clock, LOG), s
+
+
+def hold(client: Client, inflight: InFlight, clock: ManualClock, vt: int, n: int = 1) -> list[Task]:
+    """Read n messages for vt seconds and hold them, as the reader would."""
+    tasks = [
+        Task(m, HANDLER, clock.now(), clock.now() + vt) for m in client.read("jobs", vt=vt, qty=n)
+    ]
+    inflight.add(tasks)
+    return tasks
+
+
+def vt_left(client: Client, sql: Any, msg_id: int) -> float:
+    row = sql.execute(
+        "SELECT extract(epoch FROM vt - clock_timestamp()) FROM pgqueue.message WHERE msg_id = %s",
+        (msg_id,),
+    ).fetchone()
+    return float(row[0])
+
+
+def test_a_running_lease_is_extended_only_once_its_margin_is_reached(
+    client: Client, sql: Any, queue: str
+) -> None:
+    client.send(queue, 1)
+    clock, inflight, leases, _ = duties(client, vt=100, heartbeat_fraction=0.5)
+    [task] = hold(client, inflight, clock, vt=100)
+    assert inflight.begin([task], threading.Event(), clock.now()) == [task]
+    client.set_vt(queue, task.msg.msg_id, 80, read_ct=task.msg.read_ct)  # the server's lease
+    clock.advance(49)  # 51 s left on the worker's clock: more than the 50 s margin
+    leases.heartbeat()
+    assert vt_left(client, sql, task.msg.msg_id) < 81
+    clock.advance(2)  # 49 s left: within the margin
+    leases.heartbeat()
+    assert vt_left(client, sql, task.msg.msg_id) > 95
+    assert task.lease_until == clock.now() + 100
+
+
+def test_a_message_waiting_a_lease_worth_for_a_handler_is_given_back_not_extended(
+    client: Client, sql: Any, queue: str
+) -> None:
+    client.send_batch(queue, [1, 2])
+    clock, inflight, leases, _ = duties(client, vt=100, heartbeat_fraction=0.5)
+    running, waiting = hold(client, inflight, clock, vt=100, n=2)
+    inflight.begin([running], threading.Event(), clock.now())
+    clock.advance(51)
+    leases.heartbeat()
+    assert waiting.abandoned and len(inflight) == 1
+    assert [m.msg_id for m in client.read(queue, vt=30, qty=5)] == [waiting.msg.msg_id]
+    assert vt_left(client, sql, running.msg.msg_id) > 95  # the running one was extended
+
+
+def test_a_handler_past_the_hard_timeout_is_given_back_and_holds_its_thread_until_it_returns(
+    client: Client, queue: str
+) -> None:
+    client.send_batch(queue, [1, 2])
+    clock, inflight, leases, _ = duties(client, vt=100, hard_timeout=10, concurrency=1)
+    hung, waiting = hold(client, inflight, clock, vt=100, n=2)
+    inflight.begin([hung], threading.Event(), clock.now())
+    clock.advance(10)
+    leases.release_hung()
+    assert not hung.abandoned  # not past it yet
+    clock.advance(0.5)
+    leases.release_hung()
+    assert hung.abandoned and waiting.abandoned  # every thread held: what waits goes back too
+    assert inflight.healthy_threads() == 0 and len(inflight) == 0
+    assert sorted(m.msg_id for m in client.read(queue, vt=30, qty=5)) == [1, 2]
+    assert inflight.forget(hung) is True  # the handler returned at last: its thread is free
+    assert inflight.healthy_threads() == 1
+
+
+def test_the_reader_leases_no_more_than_healthy_threads_can_start(
+    client: Client, queue: str
+) -> None:
+    client.send_batch(queue, list(range(20)))
+    app = App()
+    app.handler(queue)(noop)
+    s = WorkerSettings(queues=(queue,), concurrency=2, batch=4)
+    clock, inflight = ManualClock(), InFlight(2)
+    submitted: list[Task] = []
+
+    class Collect:
+        def submit(self, tasks: list[Task], batch: Any) -> None:
+            inflight.add(tasks)
+            submitted.extend(tasks)
+
+    reader = Reader(
+        app,
+        s,
+        WorkerDb(client),
+        inflight,
+        Collect(),
+        threading.Event(),
+        clock,
+        LOG,  # type: ignore[arg-type]
+    )
+    assert reader.room() == 2 + 4  # two running and a batch waiting
+    assert reader.fill() == 4 and reader.fill() == 2 and reader.fill() == 0
+    running = inflight.begin(submitted[:2], threading.Event(), clock.now())
+    assert reader.room() == 0
+    clock.advance(100)
+    hung = inflight.hung(clock.now(), 10)  # both running handlers hang
+    assert hung == running and inflight.healthy_threads() == 0
+    for task in hung:
+        inflight.drop(task)  # given back
+    assert reader.room() == 0  # four wait, and no thread can start them
+    inflight.forget(hung[0])  # one handler returns
+    assert reader.room() == 0  # a read waits until half a batch has room
+    inflight.forget(hung[1])
+    assert reader.room() == 2
