@@ -1,9 +1,9 @@
 """Consumers under MVCC pressure: the claim path with an old snapshot held open.
 
 Each design gets a scratch database on the same server:
-  pgqueue   every migration (0005: claim lanes, floors and the late sweep)
+  pgqueue   every migration (0005: read lanes, floors and the late sweep)
   before    pgqueue's migrations up to 0004 (the claim walked message_claim_idx
-            from its start): the design before claim lanes, for before/after
+            from its start): the design before read lanes, for before/after
   pgmq      PGMQ's own pgmq.sql from the `pgmq` PyPI package
 For each design and each consumer count, one after the other on the same server:
 

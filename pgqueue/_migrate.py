@@ -82,31 +82,39 @@ def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
     """
     migrations = available()
     done: list[Migration] = []
-    noted: set[tuple[str | None, str | None]] = set()
-    while True:
-        try:
-            step = _apply_next(conn, migrations, noted)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise MigrationError(
-                f"role {conn.info.user} may not change schema pgqueue"
-                f" ({exc.diag.message_primary or exc}); run `pgqueue migrate` as the role that"
-                " owns the schema, the one that first migrated this database (see docs/security.md)"
-            ) from exc
-        if step is None:
-            return done
-        log.info("migration.applied", migration=step.name)
-        done.append(step)
+    # A migration's NOTICEs are for whoever runs it (0007's says which roles it
+    # could not create), logged once the run ends: each migration that adds
+    # API functions ends with grant_roles(), which repeats its advice, and the
+    # latest wording of each is the one to show.
+    notices: dict[str | None, tuple[str, str | None]] = {}
+    try:
+        while True:
+            try:
+                step = _apply_next(conn, migrations, notices)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise MigrationError(
+                    f"role {conn.info.user} may not change schema pgqueue"
+                    f" ({exc.diag.message_primary or exc}); run `pgqueue migrate` as the role"
+                    " that owns the schema, the one that first migrated this database"
+                    " (see docs/security.md)"
+                ) from exc
+            if step is None:
+                return done
+            log.info("migration.applied", migration=step.name)
+            done.append(step)
+    finally:
+        for message, (name, hint) in notices.items():
+            log.warning("migration.notice", migration=name, message=message, hint=hint)
 
 
 def _apply_next(
     conn: psycopg.Connection[Any],
     migrations: list[Migration],
-    noted: set[tuple[str | None, str | None]],
+    notices: dict[str | None, tuple[str, str | None]],
 ) -> Migration | None:
     """Apply the first pending migration in one transaction, under the lock; None if none is.
 
-    A NOTICE already in `noted` is not logged again (each migration that adds
-    API functions ends with grant_roles(), which repeats its advice).
+    Its NOTICEs go into `notices`, the latest of each message kept.
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -127,19 +135,9 @@ def _apply_next(
             return None
         step = pending[0]
 
-        # A migration's NOTICEs are for whoever runs it (0007's says which
-        # roles it could not create): into the log.
         def notice(diag: psycopg.errors.Diagnostic) -> None:
-            key = (diag.message_primary, diag.message_hint)
-            if key in noted:
-                return
-            noted.add(key)
-            log.warning(
-                "migration.notice",
-                migration=step.name,
-                message=diag.message_primary,
-                hint=diag.message_hint,
-            )
+            notices.pop(diag.message_primary, None)  # keeps the order of the latest
+            notices[diag.message_primary] = (step.name, diag.message_hint)
 
         conn.add_notice_handler(notice)
         try:

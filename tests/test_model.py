@@ -88,7 +88,7 @@ class QueueModel(RuleBasedStateMachine):
         op = next(self.ops)
         assert got == [self._new(x, delay, None, op).msg_id for x in payloads]
 
-    def _claim(self, qty: int, vt: int, remove: bool) -> list[tuple[int, int, int]]:
+    def _take(self, qty: int, vt: int, remove: bool) -> list[tuple[int, int, int]]:
         # One claim statement per round; a round that poisoned something is
         # followed by another for the places the poisoned rows left.
         delivered: list[tuple[int, int, int]] = []
@@ -117,7 +117,7 @@ class QueueModel(RuleBasedStateMachine):
     def read(self, qty: int, vt: int) -> None:
         waiting, poisoned = len(self._visible()), len(self.poisoned)
         got = self.call(q.read(QUEUE, vt, qty))
-        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, vt, False)
+        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._take(qty, vt, False)
         self.leases += [(m.msg_id, m.read_ct) for m in got]
         dropped = len(self.poisoned) - poisoned
         assert len(got) == min(qty, waiting - dropped), "a claim came back short with work waiting"
@@ -126,7 +126,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(qty=st.integers(1, 3))
     def pop(self, qty: int) -> None:
         got = self.call(q.pop(QUEUE, qty))
-        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._claim(qty, 0, True)
+        assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._take(qty, 0, True)
 
     @precondition(lambda self: self.known)
     @rule(data=st.data(), archive=st.booleans())

@@ -744,8 +744,11 @@ def migrate_noting(dsn: str) -> tuple[list[int], list[tuple[str | None, str | No
     notices: list[tuple[str | None, str | None]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_hint)))
-        # each migration that adds API functions repeats grant_roles()'s advice
-        return [m.version for m in migrate(conn)], list(dict.fromkeys(notices))
+        versions = [m.version for m in migrate(conn)]
+    # each migration that adds API functions repeats grant_roles()'s advice:
+    # the latest wording of each message is what pgqueue migrate shows
+    latest = {message: hint for message, hint in notices}
+    return versions, list(latest.items())
 
 
 def safe_floor(conn: psycopg.Connection[Any]) -> Any:
@@ -807,7 +810,7 @@ def test_owner_needs_pg_read_all_stats_for_reads_to_raise_the_safe_floors(
             f"pgqueue: role {owner}, the owner of schema pgqueue, cannot see other roles'"
             " sessions in pg_stat_activity",
             f"Have an administrator run GRANT pg_read_all_stats TO {owner}; without it, reads"
-            " cannot raise the claim lanes' safe floors while sessions of other roles are"
+            " cannot raise the read lanes' safe floors while sessions of other roles are"
             " connected (see docs/security.md).",
         )
     ]

@@ -72,7 +72,7 @@ class QueueApi(SyncRunner):
         return self.run(_queue.send_batch(queue, messages, headers, delay), conn)
 
     def peek(self, queue: str, *, qty: int = 10, after_msg_id: int = 0) -> list[PeekedMessage]:
-        """Live messages in msg_id order, visible or not, without claiming or changing them."""
+        """Live messages in msg_id order, visible or not, without leasing or changing them."""
         return self.run(_queue.peek(queue, qty, after_msg_id))
 
     def metrics(self, queue: str) -> QueueMetrics:
@@ -137,7 +137,7 @@ class AsyncQueueApi(AsyncRunner):
     async def peek(
         self, queue: str, *, qty: int = 10, after_msg_id: int = 0
     ) -> list[PeekedMessage]:
-        """Live messages in msg_id order, visible or not, without claiming or changing them."""
+        """Live messages in msg_id order, visible or not, without leasing or changing them."""
         return await self.run(_queue.peek(queue, qty, after_msg_id))
 
     async def metrics(self, queue: str) -> QueueMetrics:

@@ -126,7 +126,7 @@ def send_batch(
 
 
 def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:
-    """Claim up to qty visible messages, hidden from other readers for vt seconds."""
+    """Lease up to qty visible messages, hidden from other readers for vt seconds."""
     return Call(
         "read",
         f"SELECT {_RECORD} FROM pgqueue.read(%s, %s, %s)",
@@ -252,7 +252,7 @@ def hold_leases(queue: str, leases: Sequence[tuple[int, int]]) -> Call[list[int]
 
 
 def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMessage]]:
-    """Live messages in msg_id order after after_msg_id, without claiming or changing them."""
+    """Live messages in msg_id order after after_msg_id, without leasing or changing them."""
     return Call(
         "peek",
         "SELECT * FROM pgqueue.peek(%s, %s, %s)",

@@ -266,7 +266,7 @@ def _send_all(
 def peek(
     queue_name: str, limit: int, after: int, as_json: bool, dsn: str | None, connect_timeout: float
 ) -> None:
-    """Show QUEUE's live messages, oldest first, without claiming them.
+    """Show QUEUE's live messages, oldest first, without leasing them.
 
     Nothing changes: no visibility timeout is set and read counts stay.
     STATE is visible (a read would take it), in_flight (leased to a consumer

@@ -1,4 +1,4 @@
-"""Claim lanes (0005): nothing a fast floor passes over is lost, under real races.
+"""Read lanes (0005): nothing a fast floor passes over is lost, under real races.
 
 A read starts at its lane's fast floor and skips what lies below it; the late
 sweep, about once a second, finds what the fast floors passed over and raises
