@@ -1,0 +1,276 @@
+-- pgqueue schema, as it stands now: the poison (dead-letter) table.
+--
+-- A message whose attempts ran out (the read that would deliver it again, or
+-- the nack of its last attempt) or that was poisoned on purpose moves here
+-- with its reason, in one statement. Operators look, requeue (under a new
+-- msg_id, so no lease of its earlier life can name it) or purge.
+
+CREATE TYPE pgqueue.poison_record AS (
+    queue_name text,
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    poisoned_at timestamptz,
+    reason text,
+    message jsonb,
+    headers jsonb
+);
+
+CREATE TABLE pgqueue.poison (
+    queue_id integer NOT NULL,
+    msg_id bigint NOT NULL,
+    read_ct integer NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    poisoned_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    reason text NOT NULL,
+    message jsonb NOT NULL,
+    headers jsonb,
+    dedupe_key text,
+    PRIMARY KEY (queue_id, msg_id)
+);
+CREATE INDEX poison_poisoned_at_idx ON pgqueue.poison (poisoned_at);
+
+CREATE FUNCTION pgqueue.poison(queue_name text, msg_id bigint, reason text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison.queue_name);
+BEGIN
+    IF poison.reason IS NULL OR poison.reason = '' THEN
+        RAISE EXCEPTION 'reason must not be empty' USING ERRCODE = '22023',
+            HINT = 'Say why the message is poisoned: operators read it in pgqueue.poison_list().';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = poison.msg_id
+        RETURNING *
+    )
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key
+      FROM gone g;
+    RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION pgqueue.poison_list(queue_name text DEFAULT NULL, qty integer DEFAULT 100)
+RETURNS SETOF pgqueue.poison_record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue_id integer;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', poison_list.qty);
+    IF poison_list.queue_name IS NOT NULL THEN
+        v_queue_id := (pgqueue._queue(poison_list.queue_name)).queue_id;
+    END IF;
+    RETURN QUERY
+    SELECT q.queue_name, p.msg_id, p.read_ct, p.enqueued_at, p.poisoned_at, p.reason, p.message, p.headers
+      FROM pgqueue.poison p
+      JOIN pgqueue.queue q USING (queue_id)
+     WHERE v_queue_id IS NULL OR p.queue_id = v_queue_id
+     ORDER BY p.poisoned_at DESC, p.msg_id DESC
+     LIMIT poison_list.qty;
+END
+$$;
+
+CREATE FUNCTION pgqueue.poison_purge(queue_name text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison_purge.queue_name);
+    n bigint;
+BEGIN
+    DELETE FROM pgqueue.poison
+     WHERE queue_id = q.queue_id AND (poison_purge.msg_ids IS NULL OR msg_id = ANY (poison_purge.msg_ids));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- The filter every poison search shares: queue (NULL: all), poisoned in
+-- [poisoned_after, poisoned_before), reason containing a text (any case).
+CREATE FUNCTION pgqueue._poison_matches(p pgqueue.poison, p_queue_id integer, p_after timestamptz,
+                                        p_before timestamptz, p_reason text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_queue_id IS NULL OR p.queue_id = p_queue_id)
+       AND (p_after IS NULL OR p.poisoned_at >= p_after)
+       AND (p_before IS NULL OR p.poisoned_at < p_before)
+       AND (p_reason IS NULL OR strpos(lower(p.reason), lower(p_reason)) > 0);
+$$;
+
+CREATE FUNCTION pgqueue._queue_id_or_null(queue_name text) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN queue_name IS NULL THEN NULL ELSE (pgqueue._queue(queue_name)).queue_id END;
+$$;
+
+-- Newest first, filtered; poison_list(queue, qty) is this without filters.
+CREATE FUNCTION pgqueue.poison_list(queue_name text, qty integer, poisoned_after timestamptz,
+                                    reason_contains text)
+RETURNS SETOF pgqueue.poison_record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue_id integer := pgqueue._queue_id_or_null(poison_list.queue_name);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', poison_list.qty);
+    RETURN QUERY
+    SELECT q.queue_name, p.msg_id, p.read_ct, p.enqueued_at, p.poisoned_at, p.reason, p.message, p.headers
+      FROM pgqueue.poison p
+      JOIN pgqueue.queue q USING (queue_id)
+     WHERE pgqueue._poison_matches(p, v_queue_id, poison_list.poisoned_after, NULL,
+                                   poison_list.reason_contains)
+     ORDER BY p.poisoned_at DESC, p.msg_id DESC
+     LIMIT poison_list.qty;
+END
+$$;
+
+-- One poison message of a queue; no row if there is none with that id.
+CREATE FUNCTION pgqueue.poison_get(queue_name text, msg_id bigint)
+RETURNS SETOF pgqueue.poison_record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison_get.queue_name);
+BEGIN
+    RETURN QUERY
+    SELECT q.queue_name, p.msg_id, p.read_ct, p.enqueued_at, p.poisoned_at, p.reason, p.message, p.headers
+      FROM pgqueue.poison p
+     WHERE p.queue_id = q.queue_id AND p.msg_id = poison_get.msg_id;
+END
+$$;
+
+-- The ids of a queue's matching poison messages, in msg_id order, after
+-- `after_msg_id`: a keyset page for bulk requeue and purge.
+CREATE FUNCTION pgqueue.poison_ids(queue_name text, after_msg_id bigint, qty integer,
+                                   poisoned_after timestamptz DEFAULT NULL,
+                                   poisoned_before timestamptz DEFAULT NULL,
+                                   reason_contains text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison_ids.queue_name);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', poison_ids.qty);
+    RETURN QUERY
+    SELECT p.msg_id
+      FROM pgqueue.poison p
+     WHERE p.queue_id = q.queue_id AND p.msg_id > coalesce(poison_ids.after_msg_id, 0)
+       AND pgqueue._poison_matches(p, q.queue_id, poison_ids.poisoned_after,
+                                   poison_ids.poisoned_before, poison_ids.reason_contains)
+     ORDER BY p.msg_id
+     LIMIT poison_ids.qty;
+END
+$$;
+
+CREATE FUNCTION pgqueue.poison_count(queue_name text DEFAULT NULL,
+                                     poisoned_after timestamptz DEFAULT NULL,
+                                     poisoned_before timestamptz DEFAULT NULL,
+                                     reason_contains text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue_id integer := pgqueue._queue_id_or_null(poison_count.queue_name);
+BEGIN
+    RETURN (SELECT count(*) FROM pgqueue.poison p
+             WHERE pgqueue._poison_matches(p, v_queue_id, poison_count.poisoned_after,
+                                           poison_count.poisoned_before, poison_count.reason_contains));
+END
+$$;
+
+-- Poison for the holder of the lease that read_ct names; false when that lease
+-- is not the current one (nothing changes then).
+CREATE FUNCTION pgqueue.poison(queue_name text, msg_id bigint, reason text, read_ct integer) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison.queue_name);
+BEGIN
+    PERFORM pgqueue._require_read_ct(poison.read_ct);
+    IF poison.reason IS NULL OR poison.reason = '' THEN
+        RAISE EXCEPTION 'reason must not be empty' USING ERRCODE = '22023',
+            HINT = 'Say why the message is poisoned: operators read it in pgqueue.poison_list().';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pgqueue.message
+         WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND read_ct = poison.read_ct
+        RETURNING *
+    )
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key
+      FROM gone g;
+    RETURN FOUND;
+END
+$$;
+
+-- A requeued message gets a new msg_id (see 1. above): its lease history
+-- starts over, and no holder of an old lease can name it. The poison row is
+-- gone either way; the returned ids are the new ones, in the order of the old.
+CREATE FUNCTION pgqueue.poison_requeue(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue_locked(poison_requeue.queue_name);
+    v_now timestamptz := clock_timestamp();
+    v_rows pgqueue.poison[];
+    v_new bigint[];
+    v_keyed bigint[];
+BEGIN
+    -- Rows go back with their single-flight key where it is free; where a live
+    -- message (or an earlier row of this batch) holds the key, they go back
+    -- without one. Nothing is lost: every row taken from the poison table is
+    -- inserted by one of the two statements below, in this transaction.
+    WITH back AS (
+        DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id AND msg_id = ANY (poison_requeue.msg_ids)
+        RETURNING *
+    )
+    SELECT array_agg(b ORDER BY b.msg_id) INTO v_rows FROM back b;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(nextval(q.msg_seq) ORDER BY r.ord) INTO v_new
+      FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                                reason, message, headers, dedupe_key, ord);
+
+    WITH ins AS (
+        INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, dedupe_key)
+        SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers, r.dedupe_key
+          FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                                    reason, message, headers, dedupe_key, ord)
+         WHERE r.dedupe_key IS NOT NULL
+         ORDER BY r.ord
+        ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING msg_id
+    )
+    SELECT coalesce(array_agg(i.msg_id), '{}') INTO v_keyed FROM ins i;
+
+    INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
+    SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers
+      FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                                reason, message, headers, dedupe_key, ord)
+     WHERE v_new[r.ord] <> ALL (v_keyed)
+     ORDER BY r.ord;
+
+    PERFORM pgqueue._notify(q);
+    RETURN QUERY SELECT u.id FROM unnest(v_new) WITH ORDINALITY AS u (id, ord) ORDER BY u.ord;
+END
+$$;

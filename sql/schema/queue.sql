@@ -1,0 +1,637 @@
+-- pgqueue schema, as it stands now: the queue core.
+--
+-- This folder (sql/schema/) is a readable view of the whole schema, one file
+-- per area: every table, index, type and function as the migrations in sql/
+-- leave them. The migrations are the history and what upgrades a database;
+-- tests/sql/test_schema_view.py builds one database from them and one from
+-- this folder and fails when the two differ in any table, column, index,
+-- constraint, trigger, type, function body, security setting or grant. A
+-- change is therefore made twice: in the file of its area here, and as a new
+-- migration carrying the whole new body of every function it changes.
+-- Files apply in this order: queue, reads, poison, barriers, single_flight,
+-- guard, roles (with check_function_bodies off: bodies name objects of later
+-- files).
+--
+-- Physical design: shared tables keyed by queue_id (not one table per queue).
+-- Every function is static SQL, so plans are cached and no queue name ever
+-- reaches dynamic SQL; creating a queue is one row plus its sequences, not
+-- DDL on hot tables. Message ids come from a per-queue sequence, so ids read
+-- like PGMQ's and `total_messages` is that sequence's position.
+--
+-- A message lives in pgqueue.message while unacknowledged. delete and pop
+-- remove it, archive moves it to pgqueue.archive, poison (poison.sql) to
+-- pgqueue.poison. A row is in exactly one of those places at any time, and
+-- each move is one statement, so no reader can see a message half-moved.
+--
+-- Error codes: the list is pgqueue/_errors.py's SQLSTATES (PGQ01 unknown
+-- queue, 22023 an argument out of range, 22004 a required argument NULL, ...).
+
+-- Created by the migrator before the first migration (pgqueue/_migrate.py).
+CREATE TABLE IF NOT EXISTS pgqueue.schema_version (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TYPE pgqueue.message_record AS (
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    vt timestamptz,
+    message jsonb,
+    headers jsonb
+);
+
+CREATE TYPE pgqueue.queue_metrics AS (
+    queue_name text,
+    queue_length bigint,
+    visible_length bigint,
+    oldest_msg_age_sec integer,
+    newest_msg_age_sec integer,
+    total_messages bigint,
+    poison_length bigint,
+    scrape_time timestamptz
+);
+
+CREATE TYPE pgqueue.peek_record AS (
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    vt timestamptz,
+    message jsonb,
+    headers jsonb,
+    dedupe_key text,
+    last_error text
+);
+
+CREATE SEQUENCE pgqueue.queue_id_seq AS integer;
+
+-- A queue; its messages take their ids from msg_seq, and its read lanes keep
+-- their floors in the sequences pgqueue.lane_<queue_id>_* (reads.sql).
+CREATE TABLE pgqueue.queue (
+    queue_id integer PRIMARY KEY,
+    queue_name text NOT NULL UNIQUE,
+    max_attempts integer NOT NULL CHECK (max_attempts >= 1),
+    msg_seq regclass NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Live (unacknowledged) messages of every queue. Reads find them by the two
+-- lane indexes of reads.sql.
+CREATE TABLE pgqueue.message (
+    queue_id integer NOT NULL,
+    msg_id bigint NOT NULL,
+    read_ct integer NOT NULL DEFAULT 0,
+    enqueued_at timestamptz NOT NULL,
+    vt timestamptz NOT NULL,
+    message jsonb NOT NULL,
+    headers jsonb,
+    -- single-flight key: at most one live message per (queue, key)
+    dedupe_key text,
+    -- set by clients that may retry a send: lets a retry recognise its own
+    -- earlier, already committed attempt (see pgqueue.send_receipt)
+    send_token uuid,
+    -- the barrier this message is a member of (barriers.sql)
+    member_of text,
+    -- the error of the latest nack, quoted in the poison reason
+    last_error text,
+    PRIMARY KEY (queue_id, msg_id)
+) WITH (fillfactor = 90);
+
+-- Single flight is decided by this index, never by read-then-write.
+CREATE UNIQUE INDEX message_dedupe_idx ON pgqueue.message (queue_id, dedupe_key)
+    WHERE dedupe_key IS NOT NULL;
+
+CREATE TABLE pgqueue.archive (
+    queue_id integer NOT NULL,
+    msg_id bigint NOT NULL,
+    read_ct integer NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    archived_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    vt timestamptz NOT NULL,
+    message jsonb NOT NULL,
+    headers jsonb,
+    PRIMARY KEY (queue_id, msg_id)
+);
+
+-- When a message that carries a send_token leaves the live table, its token is
+-- remembered here for a while. A send retried after a dead connection presents
+-- the same token; if the first attempt had committed and the message was
+-- already consumed, the retry returns that msg_id instead of sending again.
+CREATE TABLE pgqueue.send_receipt (
+    send_token uuid PRIMARY KEY,
+    queue_id integer NOT NULL,
+    msg_id bigint NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Wake-ups. A NOTIFY makes its transaction take a cluster-wide lock at
+-- commit, which serializes every notifying commit (measured: single sends on 4
+-- connections lost 40% of their rate to it). So a send notifies only while some
+-- session has declared itself waiting on that queue: a consumer calls
+-- pgqueue.listen() when it runs dry and pgqueue.unlisten() when it has work, and
+-- busy queues pay nothing. Rows of sessions that died are pruned by listen();
+-- until then they only cost a spare notification. UNLOGGED: a crash empties it,
+-- which is the right state after a crash.
+CREATE UNLOGGED TABLE pgqueue.waiter (
+    queue_id integer NOT NULL,
+    pid integer NOT NULL,
+    since timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (queue_id, pid)
+);
+
+CREATE FUNCTION pgqueue._remember_send_token() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgqueue.send_receipt (send_token, queue_id, msg_id)
+    VALUES (OLD.send_token, OLD.queue_id, OLD.msg_id)
+    ON CONFLICT (send_token) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgqueue._queue(queue_name text) RETURNS pgqueue.queue
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue.queue_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue "%" does not exist', queue_name
+            USING ERRCODE = 'PGQ01',
+                  HINT = 'Create it with pgqueue.create_queue(), or check the name with pgqueue.list_queues().';
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The same, holding a KEY SHARE lock on the queue row until commit: writers
+-- that must not race drop_queue (which locks the row FOR UPDATE) use this, so
+-- either they commit first and the drop sees their rows, or the drop commits
+-- first and they find no queue.
+CREATE FUNCTION pgqueue._queue_locked(queue_name text) RETURNS pgqueue.queue
+LANGUAGE plpgsql AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue_locked.queue_name FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN pgqueue._queue(queue_name);  -- raises PGQ01
+    END IF;
+    RETURN q;
+END
+$$;
+
+CREATE FUNCTION pgqueue._require_nonnegative(arg_name text, value integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', arg_name USING ERRCODE = '22004';
+    END IF;
+    IF value < 0 THEN
+        RAISE EXCEPTION '% must be >= 0, got %', arg_name, value
+            USING ERRCODE = '22023', HINT = 'Pass 0 or a positive number of seconds or messages.';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgqueue._channel(queue_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgqueue_' || queue_name;
+$$;
+
+CREATE FUNCTION pgqueue._notify(q pgqueue.queue) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
+        -- Identical notifications fold within a transaction: a batch costs one.
+        PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgqueue.listen(queue_name text) RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(listen.queue_name);
+    v_channel text := pgqueue._channel(q.queue_name);
+BEGIN
+    DELETE FROM pgqueue.waiter w
+     WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid);
+    INSERT INTO pgqueue.waiter (queue_id, pid) VALUES (q.queue_id, pg_backend_pid())
+    ON CONFLICT (queue_id, pid) DO UPDATE SET since = EXCLUDED.since;
+    EXECUTE format('LISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$$;
+
+CREATE FUNCTION pgqueue.unlisten(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(unlisten.queue_name);
+BEGIN
+    DELETE FROM pgqueue.waiter WHERE queue_id = q.queue_id AND pid = pg_backend_pid();
+    EXECUTE format('UNLISTEN %I', pgqueue._channel(q.queue_name));
+END
+$$;
+
+CREATE FUNCTION pgqueue.list_queues()
+RETURNS TABLE (queue_name text, max_attempts integer, created_at timestamptz)
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT q.queue_name, q.max_attempts, q.created_at FROM pgqueue.queue q ORDER BY q.queue_name;
+$$;
+
+CREATE FUNCTION pgqueue.send_batch(
+    queue_name text,
+    messages jsonb[],
+    headers jsonb[] DEFAULT NULL,
+    delay integer DEFAULT 0
+) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF send_batch.messages IS NULL THEN
+        RAISE EXCEPTION 'messages must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF array_position(send_batch.messages, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'messages[%] is NULL', array_position(send_batch.messages, NULL)
+            USING ERRCODE = '22004', HINT = 'Every message must be a JSON value; use ''null''::jsonb for a JSON null.';
+    END IF;
+    IF send_batch.headers IS NOT NULL
+       AND cardinality(send_batch.headers) <> cardinality(send_batch.messages) THEN
+        RAISE EXCEPTION 'headers has % elements but messages has %',
+            cardinality(send_batch.headers), cardinality(send_batch.messages)
+            USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
+    END IF;
+    PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
+    PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
+    q := pgqueue._queue(send_batch.queue_name);
+
+    RETURN QUERY
+    INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
+    SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send_batch.delay),
+           b.message, b.headers
+      FROM unnest(send_batch.messages, send_batch.headers) WITH ORDINALITY AS b (message, headers, ord)
+     ORDER BY b.ord
+    RETURNING msg_id;
+
+    IF send_batch.delay = 0 AND cardinality(send_batch.messages) > 0 THEN
+        PERFORM pgqueue._notify(q);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgqueue._metrics(q pgqueue.queue)
+RETURNS SETOF pgqueue.queue_metrics
+LANGUAGE sql AS $$
+    SELECT q.queue_name,
+           live.n,
+           live.visible,
+           extract(epoch FROM (clock_timestamp() - live.oldest))::integer,
+           extract(epoch FROM (clock_timestamp() - live.newest))::integer,
+           coalesce(pg_sequence_last_value(q.msg_seq), 0),
+           (SELECT count(*) FROM pgqueue.poison p WHERE p.queue_id = q.queue_id),
+           clock_timestamp()
+      FROM (SELECT count(*) AS n,
+                   count(*) FILTER (WHERE m.vt <= clock_timestamp()) AS visible,
+                   min(m.enqueued_at) AS oldest,
+                   max(m.enqueued_at) AS newest
+              FROM pgqueue.message m WHERE m.queue_id = q.queue_id) live;
+$$;
+
+CREATE FUNCTION pgqueue.metrics(queue_name text)
+RETURNS SETOF pgqueue.queue_metrics
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT * FROM pgqueue._metrics(pgqueue._queue(metrics.queue_name));
+$$;
+
+CREATE FUNCTION pgqueue.metrics_all()
+RETURNS SETOF pgqueue.queue_metrics
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT m.* FROM pgqueue.queue q, LATERAL pgqueue._metrics(q) m ORDER BY q.queue_name;
+$$;
+
+-- Live messages in msg_id order, visible or not, after `after_msg_id`; a plain
+-- read: it takes no locks that a consumer would wait on and changes nothing.
+CREATE FUNCTION pgqueue.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0)
+RETURNS SETOF pgqueue.peek_record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(peek.queue_name);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', peek.qty);
+    RETURN QUERY
+    SELECT m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers, m.dedupe_key, m.last_error
+      FROM pgqueue.message m
+     WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0)
+     ORDER BY m.msg_id
+     LIMIT peek.qty;
+END
+$$;
+
+CREATE FUNCTION pgqueue.create_queue(queue_name text, max_attempts integer DEFAULT 5)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id integer;
+    v_seq text;
+BEGIN
+    IF create_queue.queue_name IS NULL OR create_queue.queue_name !~ '^[a-z_][a-z0-9_]{0,47}$' THEN
+        RAISE EXCEPTION 'invalid queue name %', quote_nullable(create_queue.queue_name)
+            USING ERRCODE = '22023',
+                  HINT = 'A queue name is 1 to 48 lowercase letters, digits or underscores, not starting with a digit.';
+    END IF;
+    IF create_queue.max_attempts IS NULL OR create_queue.max_attempts < 1 THEN
+        RAISE EXCEPTION 'max_attempts must be >= 1, got %', create_queue.max_attempts
+            USING ERRCODE = '22023', HINT = 'max_attempts is how many times a message may be read before it is poisoned.';
+    END IF;
+
+    -- Existing queue: creation is idempotent and applies the new max_attempts.
+    UPDATE pgqueue.queue SET max_attempts = create_queue.max_attempts
+     WHERE queue_name = create_queue.queue_name;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    v_id := nextval('pgqueue.queue_id_seq');
+    v_seq := 'msg_id_seq_' || v_id;
+    EXECUTE format('CREATE SEQUENCE pgqueue.%I AS bigint', v_seq);
+    INSERT INTO pgqueue.queue (queue_id, queue_name, max_attempts, msg_seq)
+    VALUES (v_id, create_queue.queue_name, create_queue.max_attempts, ('pgqueue.' || v_seq)::regclass)
+    ON CONFLICT (queue_name) DO NOTHING;
+    IF FOUND THEN
+        PERFORM pgqueue._lane_seqs(v_id, true);
+    ELSE
+        -- A concurrent create_queue committed first: keep its row, drop our sequence.
+        EXECUTE format('DROP SEQUENCE pgqueue.%I', v_seq);
+        UPDATE pgqueue.queue SET max_attempts = create_queue.max_attempts
+         WHERE queue_name = create_queue.queue_name;
+    END IF;
+END
+$$;
+
+-- Deletes up to qty archived rows archived more than older_than_seconds ago;
+-- how many. Call until it returns 0: short transactions on a large archive.
+CREATE FUNCTION pgqueue.purge_archive(older_than_seconds integer, qty integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n bigint;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('older_than_seconds', purge_archive.older_than_seconds);
+    PERFORM pgqueue._require_nonnegative('qty', purge_archive.qty);
+    -- archived rows are never updated, so a ctid found here still names its row
+    DELETE FROM pgqueue.archive a
+     WHERE a.ctid = ANY (ARRAY(
+           SELECT x.ctid FROM pgqueue.archive x
+            WHERE x.archived_at < clock_timestamp() - make_interval(secs => purge_archive.older_than_seconds)
+            LIMIT purge_archive.qty));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Headers must be a JSON object (or NULL) whose keys do not start with _pg_.
+CREATE FUNCTION pgqueue._require_headers(headers jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_key text;
+BEGIN
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object, got a JSON %', jsonb_typeof(headers)
+            USING ERRCODE = '22023', HINT = 'Pass headers as {"key": value, ...}, or NULL.';
+    END IF;
+    SELECT k INTO v_key FROM jsonb_object_keys(headers) AS k WHERE left(k, 4) = '_pg_' ORDER BY k LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'header % is reserved: keys starting with _pg_ are written by pgqueue only',
+            to_json(v_key)::text
+            USING ERRCODE = '22023',
+                  HINT = 'Rename it. A callback''s _pg_transport marker is written by its barrier when it fires,'
+                         ' never by a send; when passing on the headers of a message you got, leave out'
+                         ' the keys that start with _pg_.';
+    END IF;
+END
+$$;
+
+-- Enqueues one message; its msg_id. The argument checks run as one inline
+-- condition on the fast path (a header key starting with _pg_ always shows as
+-- "_pg_ in the headers' text; a value that merely contains it costs only the
+-- full check). With a dedupe_key: single flight, decided by the unique index;
+-- a retry that carries its send_token returns its own message, live or
+-- consumed (its receipt), before it considers another sender's.
+CREATE FUNCTION pgqueue.send(
+    queue_name text,
+    message jsonb,
+    headers jsonb DEFAULT NULL,
+    delay integer DEFAULT 0,
+    dedupe_key text DEFAULT NULL,
+    send_token uuid DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_now timestamptz := clock_timestamp();
+    v_id bigint;
+    v_token uuid;
+    v_own bigint;
+BEGIN
+    IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
+       OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
+       OR length(send.dedupe_key) > 1000 THEN
+        IF send.message IS NULL THEN
+            RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
+                HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
+        END IF;
+        PERFORM pgqueue._require_nonnegative('delay', send.delay);
+        PERFORM pgqueue._require_headers(send.headers);
+        IF length(send.dedupe_key) > 1000 THEN
+            RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
+                USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
+        END IF;
+    END IF;
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = send.queue_name;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(send.queue_name);  -- raises "queue ... does not exist"
+    END IF;
+
+    IF send.dedupe_key IS NULL THEN
+        INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token)
+        VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
+                send.message, send.headers, send.send_token)
+        RETURNING msg_id INTO v_id;
+    ELSE
+        -- Single flight. The unique index decides; the loop only covers the
+        -- window where the holder of the key is acked between our INSERT
+        -- conflicting and our SELECT looking (each statement sees a new snapshot).
+        FOR attempt IN 1..100 LOOP
+            SELECT m.msg_id, m.send_token INTO v_id, v_token FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.dedupe_key = send.dedupe_key;
+            IF FOUND AND (send.send_token IS NULL OR v_token = send.send_token) THEN
+                RETURN v_id;  -- the holder of the key (our own earlier attempt, with a token)
+            END IF;
+            IF send.send_token IS NOT NULL THEN
+                -- Our earlier attempt, if it committed, is either the live
+                -- holder (above) or consumed, with a receipt: the key cannot
+                -- have two live holders, so a holder found above that is not
+                -- ours means ours was consumed before that SELECT, and its
+                -- receipt (committed with the consumption) is visible here.
+                SELECT r.msg_id INTO v_own FROM pgqueue.send_receipt r
+                 WHERE r.send_token = send.send_token AND r.queue_id = q.queue_id;
+                IF FOUND THEN
+                    RETURN v_own;  -- a retry of a send that did commit and was consumed since
+                END IF;
+                IF v_id IS NOT NULL THEN
+                    RETURN v_id;  -- our earlier attempt never committed: single flight
+                END IF;
+            END IF;
+            INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token)
+            VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
+                    send.message, send.headers, send.dedupe_key, send.send_token)
+            ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+            RETURNING msg_id INTO v_id;
+            EXIT WHEN FOUND;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RAISE EXCEPTION 'could not settle dedupe_key % in queue % (it is being sent and acked continuously)',
+                send.dedupe_key, send.queue_name USING ERRCODE = '55000';
+        END IF;
+        -- Receipts only matter for seconds (a client retry); prune old ones now and then.
+        IF random() < 0.01 THEN
+            DELETE FROM pgqueue.send_receipt WHERE finished_at < v_now - interval '1 day';
+        END IF;
+    END IF;
+
+    -- Wake waiting consumers (see _notify): only when one is waiting.
+    IF send.delay = 0 AND EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
+        PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
+    END IF;
+    RETURN v_id;
+END
+$$;
+
+CREATE FUNCTION pgqueue.purge_queue(queue_name text) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue := pgqueue._queue(queue_name);
+    n bigint;
+BEGIN
+    -- Members are counted as purged in the statement that deletes them.
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION pgqueue.purge_queue_chunk(queue_name text, up_to_msg_id bigint, qty integer)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(purge_queue_chunk.queue_name);
+    n bigint;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', purge_queue_chunk.qty);
+    WITH gone AS (
+        DELETE FROM pgqueue.message m
+         WHERE m.queue_id = q.queue_id
+           AND m.msg_id IN (SELECT c.msg_id FROM pgqueue.message c
+                             WHERE c.queue_id = q.queue_id AND c.msg_id <= purge_queue_chunk.up_to_msg_id
+                             ORDER BY c.msg_id
+                             LIMIT purge_queue_chunk.qty
+                               FOR UPDATE)
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION pgqueue.drop_queue(queue_name text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    n bigint;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue WHERE queue_name = drop_queue.queue_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgqueue._before_drop(q);
+    -- Drop the sequence first: nextval holds a lock on it until the sending
+    -- transaction ends, so this waits for in-flight sends to commit (their rows
+    -- are then deleted below, not left behind without a queue), and a send that
+    -- starts later fails instead of writing an orphan row.
+    EXECUTE format('DROP SEQUENCE %s', q.msg_seq);
+    -- Members are counted as purged in the statement that deletes them.
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    DELETE FROM pgqueue.archive WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.send_receipt WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.waiter WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.recheck WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.queue WHERE queue_id = q.queue_id;
+    PERFORM pgqueue._lane_seqs(q.queue_id, false);
+    RETURN true;
+END
+$$;
+
+-- Every path that removes a live row (delete, pop, archive, poison, purge)
+-- goes through DELETE, so one trigger covers them all; the WHEN clause keeps it
+-- free for the common message that has no token.
+CREATE TRIGGER message_send_receipt
+    AFTER DELETE ON pgqueue.message
+    FOR EACH ROW WHEN (OLD.send_token IS NOT NULL)
+    EXECUTE FUNCTION pgqueue._remember_send_token();

@@ -1,0 +1,764 @@
+-- pgqueue schema, as it stands now: reads and leases.
+--
+-- A read hands out a lease: it locks up to qty visible messages (FOR UPDATE
+-- SKIP LOCKED, so two readers never get the same message), hides them for vt
+-- seconds and counts the read in read_ct; a message whose attempts ran out is
+-- moved to the poison table by the read that would have delivered it again
+-- (with a NOTICE, SQLSTATE PGQ10, per message). A lease is named by the
+-- read_ct the read returned: extending, nacking, releasing and poisoning take
+-- it and change nothing once another reader has taken the message over. Acks
+-- (delete, archive) are not fenced: an ack says the work was done, and the
+-- first wins (README, "Leases: fenced, and acks not").
+--
+-- The read lanes, a read that survives MVCC pressure (docs/design/
+-- read-lanes.md; the argument in full is the header of sql/0005_claim_lanes.sql,
+-- with 0008's corrections in the header of _oldest_writer below):
+--   1. Two lanes. A message version is FRESH (never read, sent without delay:
+--      read_ct = 0 AND vt <= enqueued_at) or TIMED (everything else), each
+--      with its own partial index on (queue_id, vt, msg_id).
+--   2. Floors per lane, kept in sequences (setval leaves no dead tuples): a
+--      fast floor where every read starts, and a safe floor below which no
+--      deliverable row can exist, raised by the late sweep.
+--   3. Backdated writes (a vt moved into the past by hand) are listed in
+--      pgqueue.recheck by a trigger, and every read takes the due ones.
+--   4. The late sweep, about once a second per queue, reads each lane from its
+--      safe floor and raises the safe floors below the oldest possible writer.
+
+CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, vt, msg_id)
+    WHERE read_ct = 0 AND vt <= enqueued_at;
+CREATE INDEX message_timed_idx ON pgqueue.message (queue_id, vt, msg_id)
+    WHERE read_ct <> 0 OR vt > enqueued_at;
+
+-- Messages whose vt was written into the past (3. above), until a read takes them.
+CREATE TABLE pgqueue.recheck (
+    queue_id integer NOT NULL,
+    msg_id bigint NOT NULL,
+    PRIMARY KEY (queue_id, msg_id)
+);
+
+CREATE FUNCTION pgqueue.delete(queue_name text, msg_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+BEGIN
+    DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = delete.msg_id;
+    RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION pgqueue.archive(queue_name text, msg_id bigint) RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pgqueue.archive(queue_name, ARRAY[msg_id]));
+$$;
+
+CREATE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+-- Longest error text kept per message; the rest is cut (with a marker).
+CREATE FUNCTION pgqueue._clip_error(error text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(error) > 2000 THEN left(error, 2000) || ' [...]' ELSE error END;
+$$;
+
+CREATE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer, last_error text)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
+           last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+-- complete_members locks its message rows in msg_id order; a multi-row delete
+-- or archive locked them in whatever order its plan visited them (a bitmap
+-- scan: heap order), so the two could each hold a row the other wanted (seen:
+-- a deadlock in test_multi_row_acks_and_batch_completions_do_not_deadlock).
+-- Every multi-row remover now takes its row locks in msg_id order first.
+CREATE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+BEGIN
+    RETURN QUERY
+    DELETE FROM pgqueue.message m
+     WHERE m.queue_id = q.queue_id
+       AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
+                         WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (delete.msg_ids)
+                         ORDER BY l.msg_id FOR UPDATE)
+    RETURNING m.msg_id;
+END
+$$;
+
+CREATE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(archive.queue_name);
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.message m
+         WHERE m.queue_id = q.queue_id
+           AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
+                             WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (archive.msg_ids)
+                             ORDER BY l.msg_id FOR UPDATE)
+        RETURNING m.*
+    ), kept AS (
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k;
+END
+$$;
+
+CREATE FUNCTION pgqueue._list_backdated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgqueue.recheck (queue_id, msg_id) VALUES (NEW.queue_id, NEW.msg_id)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+-- Both conversions are plain expressions that the planner inlines into the
+-- calling statement: not STRICT (a strict function whose body is a CASE is not
+-- inlined) and not IMMUTABLE (their bodies use stable operators, which keeps
+-- an IMMUTABLE function from being inlined). Measured: called as functions
+-- they cost 16-32 us each, about 130 us of a one-message read.
+-- No time is no floor: NULL stays NULL. (greatest() ignores NULLs; without the
+-- first branch a missing time became 1, -infinity, and a sweep that found and
+-- locked nothing dropped the fresh lane's fast floor to the bottom of the lane.)
+CREATE FUNCTION pgqueue._ts_us(ts timestamptz) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN ts IS NULL THEN NULL
+                WHEN ts = '-infinity' THEN 1
+                WHEN ts = 'infinity' THEN 9000000000000000000
+                ELSE greatest((extract(epoch FROM ts) * 1000000)::bigint, 1) END;
+$$;
+
+CREATE FUNCTION pgqueue._us_ts(us bigint) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN us <= 1 THEN '-infinity'::timestamptz
+                ELSE 'epoch'::timestamptz + us * interval '1 microsecond' END;
+$$;
+
+-- The six sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast floor
+-- of each lane (and msg_id of the fresh one), safe floor of each lane, and the
+-- earliest time of the next late sweep.
+-- One list of them, for creating (creating => true) and dropping.
+CREATE FUNCTION pgqueue._lane_seqs(queue_id integer, creating boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    w text;
+BEGIN
+    FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep'] LOOP
+        EXECUTE format(CASE WHEN creating THEN 'CREATE SEQUENCE IF NOT EXISTS pgqueue.%I AS bigint'
+                            ELSE 'DROP SEQUENCE IF EXISTS pgqueue.%I' END,
+                       'lane_' || queue_id || '_' || w);
+    END LOOP;
+END
+$$;
+
+-- The poison reason of a message whose attempts ran out.
+CREATE FUNCTION pgqueue._exhausted_reason(read_ct integer, last_error text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT format('max_attempts exceeded (read %s times)', read_ct)
+           || coalesce('; last error: ' || last_error, '');
+$$;
+
+-- Tells the caller of a read that it poison-dropped a message: the message is
+-- human-readable, the DETAIL is JSON for clients (pgqueue's logs
+-- `message.poisoned` from it). Sent like any notice, so a session with
+-- client_min_messages above NOTICE does not get it; the drop happens all the same.
+CREATE FUNCTION pgqueue._notice_poisoned(queue_name text, msg_id bigint, read_ct integer, reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE USING
+        ERRCODE = 'PGQ10',
+        MESSAGE = format('pgqueue: message %s of queue %s poisoned: %s', msg_id, queue_name, reason),
+        DETAIL = json_build_object('queue', queue_name, 'msg_id', msg_id, 'read_ct', read_ct,
+                                   'reason', reason)::text;
+END
+$$;
+
+-- Raised when a fenced call gets no read_ct: without it, it would fence nothing.
+CREATE FUNCTION pgqueue._require_read_ct(read_ct integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF read_ct IS NULL THEN
+        RAISE EXCEPTION 'read_ct must not be NULL' USING ERRCODE = '22004',
+            HINT = 'Pass the read_ct your read returned with the message; it identifies your lease.';
+    END IF;
+END
+$$;
+
+-- set_vt for the holder of the lease that read_ct names: extend it, or nack
+-- (vt > 0) or release (vt = 0) it. No row when that lease is not the current
+-- one (another reader took the message over, or it is gone).
+CREATE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer, last_error text, read_ct integer)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    PERFORM pgqueue._require_read_ct(set_vt.read_ct);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
+           last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND read_ct = set_vt.read_ct
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+-- The nack of a consumer whose handler failed, for the holder of the lease
+-- that read_ct names: 'retry' when the message is visible again after `delay`
+-- seconds; 'poisoned' when that was its last attempt (read_ct has reached the
+-- queue's max_attempts), so it went to the poison table now, with the error,
+-- rather than at the next read; NULL when that lease is not the current one
+-- (nothing changed).
+CREATE FUNCTION pgqueue.nack(queue_name text, msg_id bigint, read_ct integer, delay integer,
+                             last_error text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_error text := pgqueue._clip_error(nack.last_error);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('delay', nack.delay);
+    PERFORM pgqueue._require_read_ct(nack.read_ct);
+    q := pgqueue._queue(nack.queue_name);
+    IF nack.read_ct >= q.max_attempts THEN
+        WITH gone AS (
+            DELETE FROM pgqueue.message
+             WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND read_ct = nack.read_ct
+            RETURNING *
+        )
+        INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers,
+                                    dedupe_key)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at,
+               pgqueue._exhausted_reason(g.read_ct, coalesce(v_error, g.last_error)),
+               g.message, g.headers, g.dedupe_key
+          FROM gone g;
+        RETURN CASE WHEN FOUND THEN 'poisoned' END;
+    END IF;
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => nack.delay),
+           last_error = coalesce(v_error, last_error)
+     WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND read_ct = nack.read_ct;
+    RETURN CASE WHEN FOUND THEN 'retry' END;
+END
+$$;
+
+-- Locks, until the caller's transaction ends, the messages whose current
+-- lease is the one each read_ct names; their ids. A caller that commits its
+-- own writes with the ack calls it first in that transaction and rolls back
+-- when a message is missing: its lease was taken over (or the message acked),
+-- so the writes are another run's to commit. Locked rows cannot be read,
+-- changed or acked by anyone else until then.
+CREATE FUNCTION pgqueue.hold_leases(queue_name text, msg_ids bigint[], read_cts integer[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(hold_leases.queue_name);
+BEGIN
+    IF hold_leases.msg_ids IS NULL OR hold_leases.read_cts IS NULL
+       OR cardinality(hold_leases.msg_ids) <> cardinality(hold_leases.read_cts) THEN
+        RAISE EXCEPTION 'msg_ids and read_cts must be given, with the same length' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT m.msg_id FROM pgqueue.message m
+      JOIN unnest(hold_leases.msg_ids, hold_leases.read_cts) AS l (msg_id, read_ct)
+        ON m.msg_id = l.msg_id AND m.read_ct = l.read_ct
+     WHERE m.queue_id = q.queue_id
+     ORDER BY m.msg_id
+       FOR UPDATE OF m;
+END
+$$;
+
+-- The oldest time a transaction that the current snapshot cannot see yet may
+-- have stamped as a vt; -infinity when unknown. Volatile, and clears the
+-- activity snapshot first (pg_stat_activity is read once per transaction and
+-- then cached). A definer, so a consumer role without pg_read_all_stats still
+-- sees other roles' sessions; one hidden even from the owner counts as
+-- infinitely old. It reads the sessions before the prepared transactions,
+-- never after. The safe-floor argument needs: every transaction W that has
+-- written a row the sweep's later snapshot cannot see is counted. W is
+-- uncommitted from before the first read here until after that snapshot, and
+-- while uncommitted it is, at every instant, a session with a transaction id
+-- (backend_xid), or a valid prepared transaction, or both: PREPARE marks the
+-- prepared transaction valid before it clears the session's transaction id,
+-- and a prepared transaction stays until COMMIT/ROLLBACK PREPARED. Reading
+-- the sessions at t1 and the prepared transactions at t2 > t1: if W was
+-- still a session at t1 it is seen there; if it had prepared by t1, it is
+-- still prepared at t2 and seen there. In the other order (prepared first) a
+-- PREPARE between the two reads would be seen by neither: a sweep would raise the
+-- safe floor above W's rows, and after COMMIT PREPARED no read would find them
+-- (test_a_message_prepared_during_a_sweep_is_read_after_commit_prepared).
+--
+-- Other late writers, checked against the same argument:
+--   * transactions of other databases cannot write these tables; prepared
+--     transactions are filtered by database, sessions by datname;
+--   * subtransactions write under their top transaction, which takes its id
+--     first, so the session shows backend_xid;
+--   * logical replication workers and other background workers are sessions
+--     here (only autovacuum is left out, which never writes message rows);
+--   * parallel workers do not write; their leader holds the transaction id;
+--   * a session hidden from the owner counts as infinitely old;
+--   * a session with track_activities off shows no times (counted as
+--     infinitely old) or stale ones (older, so the floor only stays lower);
+--   * after a crash or a failover, prepared transactions come back from the
+--     WAL as prepared transactions, and sessions start anew;
+--   * a clock that steps back is not a late commit but breaks "vt >= the time
+--     of the statement that wrote it" as seen by an earlier sweep: _take
+--     resets the floors when a read starts below one of them. Rows sent during
+--     a step back of over a second with no read of their queue until the
+--     clock caught up again stay below the safe floor (docs/design/read-lanes.md).
+CREATE FUNCTION pgqueue._oldest_writer() RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_oldest timestamptz;
+BEGIN
+    PERFORM pg_stat_clear_snapshot();
+    SELECT min(CASE WHEN a.backend_xid IS NOT NULL
+                    THEN coalesce(a.xact_start, '-infinity')
+                    ELSE coalesce(a.query_start, a.xact_start, '-infinity') END)
+      INTO v_oldest
+      FROM pg_stat_activity a
+     WHERE a.datname = current_database()
+       AND a.pid <> pg_backend_pid()
+       -- every process that can write rows here (client backends, background
+       -- and logical replication workers); vacuum never writes message rows;
+       -- a hidden session (NULL type) may be any of them
+       AND (a.backend_type IS NULL OR a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher'))
+       -- state and times of another role's session are NULL without
+       -- pg_read_all_stats: counted as -infinity
+       AND (a.backend_xid IS NOT NULL OR a.state IS NULL
+            OR a.state NOT IN ('idle', 'idle in transaction', 'idle in transaction (aborted)'));
+    -- After the sessions, never before (see above).
+    IF EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database()) THEN
+        -- a prepared transaction may hold rows stamped at any earlier time
+        RETURN '-infinity';
+    END IF;
+    RETURN coalesce(v_oldest, 'infinity');
+END
+$$;
+
+-- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
+-- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
+-- a notice for each. The read lanes, the floors and the late sweep are the
+-- header of this file.
+CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- How far behind now a fast floor stays when the first row a read locked
+    -- in its lane is younger than that (or it locked none): writes that commit
+    -- within this long after their statement began are found by every read;
+    -- later ones by the late sweep.
+    c_margin_f constant interval := interval '50 milliseconds';
+    c_margin_t constant interval := interval '10 milliseconds';
+    s_fast_f regclass;
+    s_fast_f_id regclass;
+    s_fast_t regclass;
+    s_safe_f regclass;
+    s_safe_t regclass;
+    s_sweep regclass;
+    v_new_f bigint;
+    v_new_t bigint;
+    v_set_f_id boolean := false;
+    v_set_f boolean := false;
+    v_set_t boolean := false;
+    v_start timestamptz := clock_timestamp();
+    v_now timestamptz;
+    v_left integer := qty;
+    v_ok bigint[];
+    v_exhausted bigint[];
+    v_handed bigint[] := '{}';
+    v_fast_f bigint;
+    v_fast_f_id bigint;
+    v_fast_t bigint;
+    v_safe_f bigint;
+    v_safe_t bigint;
+    v_next_sweep bigint;
+    v_lo_f timestamptz;
+    v_lo_f_id bigint;
+    v_lo_t timestamptz;
+    v_sweep boolean;
+    v_raise boolean := false;
+    v_first_f timestamptz;
+    v_first_t timestamptz;
+    v_locked_f timestamptz;
+    v_locked_f_id bigint;
+    v_locked_t timestamptz;
+    v_round_f timestamptz;
+    v_round_f_id bigint;
+    v_round_t timestamptz;
+    v_listed boolean := false;
+    v_round_listed boolean;
+    v_writer timestamptz;
+    v_new bigint;
+    v_dropped record;
+BEGIN
+    IF qty <= 0 THEN
+        RETURN;
+    END IF;
+    -- vt before id: a writer sets id before vt, so a read racing it sees a
+    -- pair no higher than the one written (see the fast floor update below)
+    -- one statement: the sequences are found by name, and read in this order
+    SELECT x.ff, x.ffi, x.ft, x.sf, x.st, x.sw,
+           coalesce(pg_sequence_last_value(x.ff), 1), coalesce(pg_sequence_last_value(x.ffi), 1),
+           coalesce(pg_sequence_last_value(x.ft), 1), coalesce(pg_sequence_last_value(x.sf), 1),
+           coalesce(pg_sequence_last_value(x.st), 1), coalesce(pg_sequence_last_value(x.sw), 1)
+      INTO s_fast_f, s_fast_f_id, s_fast_t, s_safe_f, s_safe_t, s_sweep,
+           v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep
+      FROM (SELECT (y.p || 'fast_f')::regclass AS ff, (y.p || 'fast_f_id')::regclass AS ffi,
+                   (y.p || 'fast_t')::regclass AS ft, (y.p || 'safe_f')::regclass AS sf,
+                   (y.p || 'safe_t')::regclass AS st, (y.p || 'sweep')::regclass AS sw
+              FROM (SELECT 'pgqueue.lane_' || q.queue_id || '_' AS p) y) x;
+
+    -- A clock that went back (an NTP step, a failover to a server whose clock
+    -- is behind): every floor was set at or below the time of the read that
+    -- set it, so a floor above our start means rows written from now on may
+    -- lie below it. Start the lanes over from the bottom and sweep now; this
+    -- read's sweep then sets the safe floors from the clock as it is.
+    IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t) THEN
+        RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
+            v_start, pgqueue._us_ts(greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)), q.queue_name;
+        PERFORM setval(s_fast_f_id, 1), setval(s_fast_f, 1), setval(s_fast_t, 1),
+                setval(s_safe_f, 1), setval(s_safe_t, 1);
+        v_fast_f := 1;
+        v_fast_f_id := 1;
+        v_fast_t := 1;
+        v_safe_f := 1;
+        v_safe_t := 1;
+        v_next_sweep := 1;
+    END IF;
+
+    v_sweep := pgqueue._ts_us(v_start) >= v_next_sweep;
+    IF v_sweep THEN
+        -- Only a read with a fresh snapshot that cannot see uncommitted writes
+        -- of its own may raise the safe floors (checked before our setval,
+        -- which takes a transaction id).
+        v_raise := pg_current_xact_id_if_assigned() IS NULL
+                   AND current_setting('transaction_isolation') = 'read committed';
+        PERFORM setval(s_sweep, pgqueue._ts_us(v_start + interval '1 second'));
+        v_lo_f := pgqueue._us_ts(v_safe_f);
+        v_lo_f_id := 0;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
+        IF v_raise THEN
+            v_writer := pgqueue._oldest_writer();
+            -- Plain reads: a row being leased by a transaction still in
+            -- progress shows its old version here, and holds the floor.
+            SELECT m.vt INTO v_first_f FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+               AND m.vt >= v_lo_f AND m.vt <= v_start
+             ORDER BY m.vt, m.msg_id LIMIT 1;
+            SELECT m.vt INTO v_first_t FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+               AND m.vt >= v_lo_t AND m.vt <= v_start
+             ORDER BY m.vt, m.msg_id LIMIT 1;
+            -- nothing visible lies below those rows: the read starts there
+            -- (a row committed since is above the safe floors raised below)
+            v_lo_f := coalesce(v_first_f, v_start);
+            v_lo_t := coalesce(v_first_t, v_start);
+        END IF;
+    ELSE
+        v_lo_f := pgqueue._us_ts(v_fast_f);
+        v_lo_f_id := v_fast_f_id;
+        v_lo_t := pgqueue._us_ts(v_fast_t);
+    END IF;
+
+    -- Rows are locked by the read (SKIP LOCKED), so two readers never get the
+    -- same message; rows past max_attempts go to the poison table in the
+    -- transaction that would have delivered them again; the batch is refilled
+    -- for the places they left; no message is handed out twice in one call.
+    -- Each lane gives its first rows in (vt, msg_id) order, the listed rows
+    -- theirs, and the batch is the first of them all in that order.
+    LOOP
+        v_now := clock_timestamp();
+        WITH f AS (
+            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+               AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
+               AND m.msg_id <> ALL (v_handed)
+             ORDER BY m.vt, m.msg_id
+             LIMIT v_left
+               FOR UPDATE SKIP LOCKED
+        ), t AS (
+            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+               AND m.vt >= v_lo_t AND m.vt <= v_now
+               AND m.msg_id <> ALL (v_handed)
+             ORDER BY m.vt, m.msg_id
+             LIMIT v_left
+               FOR UPDATE SKIP LOCKED
+        ), listed AS (
+            SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
+        ), l AS (
+            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.msg_id IN (SELECT x.msg_id FROM listed x)
+               AND m.vt <= v_now
+               AND m.msg_id <> ALL (v_handed)
+             ORDER BY m.vt, m.msg_id
+             LIMIT v_left
+               FOR UPDATE SKIP LOCKED
+        ), c AS (
+            SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct
+              FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l) u
+        ), b AS (
+            SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
+        ), f1 AS (
+            SELECT f.vt, f.msg_id FROM f ORDER BY f.vt, f.msg_id LIMIT 1
+        )
+        SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
+               EXISTS (SELECT 1 FROM listed),
+               coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+               coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
+          INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_exhausted;
+        -- the first row locked in each lane over all rounds
+        IF v_round_f IS NOT NULL AND (v_locked_f IS NULL OR (v_round_f, v_round_f_id) < (v_locked_f, v_locked_f_id)) THEN
+            v_locked_f := v_round_f;
+            v_locked_f_id := v_round_f_id;
+        END IF;
+        v_locked_t := least(v_locked_t, v_round_t);
+        v_listed := v_listed OR v_round_listed;
+
+        IF cardinality(v_exhausted) > 0 THEN
+            -- One notice per message dropped, so the caller can log it: the
+            -- rows a read returns are only the ones it delivered.
+            FOR v_dropped IN
+                WITH gone AS (
+                    DELETE FROM pgqueue.message
+                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_exhausted)
+                    RETURNING *
+                )
+                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                            reason, message, headers, dedupe_key)
+                SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
+                       pgqueue._exhausted_reason(g.read_ct, g.last_error),
+                       g.message, g.headers, g.dedupe_key
+                  FROM gone g
+                RETURNING msg_id, read_ct, reason
+            LOOP
+                PERFORM pgqueue._notice_poisoned(q.queue_name, v_dropped.msg_id, v_dropped.read_ct,
+                                                 v_dropped.reason);
+            END LOOP;
+            PERFORM set_config('pgqueue.read_poisoned', 'on', true);
+        END IF;
+
+        IF cardinality(v_ok) > 0 THEN
+            IF remove THEN
+                RETURN QUERY
+                WITH taken AS (
+                    DELETE FROM pgqueue.message
+                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, vt, message, headers
+                )
+                SELECT * FROM taken t ORDER BY t.msg_id;
+            ELSE
+                RETURN QUERY
+                WITH leased AS (
+                    UPDATE pgqueue.message
+                       SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1
+                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers
+                )
+                SELECT * FROM leased l ORDER BY l.msg_id;
+            END IF;
+            v_left := v_left - cardinality(v_ok);
+            v_handed := v_handed || v_ok;
+        END IF;
+        EXIT WHEN cardinality(v_exhausted) = 0 OR v_left <= 0;
+    END LOOP;
+
+    -- Listed rows that are gone, taken or not due need no listing any more
+    -- (rows we took: if this transaction rolls back, so does this delete).
+    IF v_listed THEN
+        DELETE FROM pgqueue.recheck r
+         WHERE r.queue_id = q.queue_id
+           AND r.msg_id IN (
+               SELECT x.msg_id FROM pgqueue.recheck x
+                WHERE x.queue_id = q.queue_id
+                  AND NOT EXISTS (SELECT 1 FROM pgqueue.message m
+                                   WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id
+                                     AND m.vt <= v_now AND m.msg_id <> ALL (v_handed))
+                  FOR UPDATE SKIP LOCKED);
+    END IF;
+
+    -- Fast floors, a matter of speed only (the late sweep finds what they
+    -- pass over): the first row this read locked in the lane, as long as it is
+    -- older than the margin; else the margin. Only raised here (a sweep lowers
+    -- them to rows it finds below them, see the end); an empty read
+    -- moves them only by whole seconds (setval takes a transaction id, and its
+    -- commit then a WAL flush). The fresh lane also keeps the msg_id of its
+    -- first locked row, so a batch of rows sharing one vt is not walked again;
+    -- written before the vt, read after it (above), so a read racing this
+    -- sees a pair that excludes no more than the pair written.
+    IF v_locked_f IS NOT NULL AND v_locked_f < v_start - c_margin_f THEN
+        v_new_f := pgqueue._ts_us(v_locked_f);
+        v_set_f := v_new_f > v_fast_f OR (v_new_f = v_fast_f AND v_locked_f_id > v_fast_f_id);
+        v_set_f_id := v_set_f;
+    ELSE
+        v_new_f := pgqueue._ts_us(least(v_locked_f, v_start - c_margin_f)) - 1;
+        v_set_f := v_new_f > v_fast_f AND (v_locked_f IS NOT NULL OR cardinality(v_handed) > 0
+                                           OR v_new_f > v_fast_f + 1000000);
+    END IF;
+    v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
+    v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
+                                       OR v_new_t > v_fast_t + 1000000);
+    IF v_set_f OR v_set_t THEN
+        -- one statement, evaluated in this order: the id before the vt
+        PERFORM CASE WHEN v_set_f_id THEN setval(s_fast_f_id, v_locked_f_id) END,
+                CASE WHEN v_set_f THEN setval(s_fast_f, v_new_f) END,
+                CASE WHEN v_set_t THEN setval(s_fast_t, v_new_t) END;
+    END IF;
+
+    IF v_sweep THEN
+        -- Rows the sweep found below a fast floor (a transaction that committed
+        -- many rows late, a bulk load): bring the fast floor down to them, so
+        -- that every read takes them, not one sweep a second.
+        v_new_f := pgqueue._ts_us(least(v_first_f, v_locked_f)) - 1;
+        IF v_new_f < v_fast_f THEN
+            PERFORM setval(s_fast_f_id, 1), setval(s_fast_f, greatest(v_new_f, 1));
+        END IF;
+        v_new_t := pgqueue._ts_us(least(v_first_t, v_locked_t)) - 1;
+        IF v_new_t < v_fast_t THEN
+            PERFORM setval(s_fast_t, greatest(v_new_t, 1));
+        END IF;
+        IF v_raise THEN
+            v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
+                                          v_first_f)) - 1;
+            IF v_new > v_safe_f THEN
+                PERFORM setval(s_safe_f, v_new);
+            END IF;
+            v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
+                                          v_first_t)) - 1;
+            IF v_new > v_safe_t THEN
+                PERFORM setval(s_safe_t, v_new);
+            END IF;
+        END IF;
+        -- a slow sweep spaces out the next ones: sweeps take at most ~5% of reads
+        PERFORM setval(s_sweep, pgqueue._ts_us(clock_timestamp()
+                       + greatest(interval '1 second', 20 * (clock_timestamp() - v_start))));
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgqueue.read(queue_name text, vt integer, qty integer)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', vt);
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    RETURN QUERY SELECT * FROM pgqueue._take(pgqueue._queue(queue_name), vt, qty, false);
+END
+$$;
+
+-- Returns as soon as a round hands something out; at once, too, when the
+-- caller's transaction had written before it or a round poison-dropped
+-- something, rather than sleep on the locks it holds.
+CREATE FUNCTION pgqueue.read_with_poll(
+    queue_name text,
+    vt integer,
+    qty integer,
+    max_poll_seconds integer DEFAULT 5,
+    poll_interval_ms integer DEFAULT 100
+) RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue;
+    v_deadline timestamptz;
+    v_had_written boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', vt);
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    PERFORM pgqueue._require_nonnegative('max_poll_seconds', max_poll_seconds);
+    PERFORM pgqueue._require_nonnegative('poll_interval_ms', poll_interval_ms);
+    q := pgqueue._queue(queue_name);
+    v_deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
+    PERFORM set_config('pgqueue.read_poisoned', 'off', true);
+    LOOP
+        RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false);
+        EXIT WHEN FOUND OR clock_timestamp() >= v_deadline OR v_had_written
+                  OR current_setting('pgqueue.read_poisoned', true) = 'on';
+        PERFORM pg_sleep(greatest(poll_interval_ms, 1) / 1000.0);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION pgqueue.pop(queue_name text, qty integer DEFAULT 1)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    RETURN QUERY SELECT * FROM pgqueue._take(pgqueue._queue(queue_name), 0, qty, true);
+END
+$$;
+
+-- pgqueue's own writes never fire it (their vt is clock_timestamp() + delay).
+CREATE TRIGGER message_backdated
+    AFTER INSERT OR UPDATE ON pgqueue.message
+    FOR EACH ROW WHEN (NEW.vt < statement_timestamp())
+    EXECUTE FUNCTION pgqueue._list_backdated();
