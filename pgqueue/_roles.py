@@ -1,7 +1,7 @@
 """The least-privilege roles of sql/0007_roles.sql, as error messages need to name them.
 
 The database is the source of truth (pgqueue.role_grant, applied by
-pgqueue.grant_roles()); tests/test_roles.py checks that this table says the
+pgqueue.grant_roles()); tests/sql/test_roles.py checks that this table says the
 same, function by function.
 """
 

@@ -48,10 +48,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent.parent)]
 
 import psycopg  # noqa: E402
-from conftest import LOCAL_DSN, with_dbname  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 from soak_app import CALLBACKS, JOBS, WORK  # noqa: E402
+from support.db import LOCAL_DSN, with_dbname  # noqa: E402
+from support.faultproxy import FaultProxy  # noqa: E402
 
 from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
 from pgqueue._log import configure_logging  # noqa: E402

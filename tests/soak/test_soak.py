@@ -17,8 +17,8 @@ import chaos
 import psycopg
 import pytest
 import soak_app
-from conftest import drop_database
 from psycopg.conninfo import conninfo_to_dict
+from support.db import drop_database
 
 from pgqueue import Client
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import create_database, drop_database, with_dbname
+from support.db import create_database, drop_database, with_dbname
 
 from pgqueue._migrate import migrate
 
-SCHEMA = Path(__file__).resolve().parents[1] / "sql" / "schema"
+SCHEMA = Path(__file__).resolve().parents[2] / "sql" / "schema"
 ORDER = ["queue", "reads", "poison", "barriers", "single_flight", "guard", "roles"]
 
 CATALOG = {

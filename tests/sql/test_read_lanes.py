@@ -18,8 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-
-from tests.conftest import wait_until
+from support.db import wait_until
 
 QUEUE = "lanes"
 
@@ -388,7 +387,7 @@ def test_a_message_prepared_during_a_sweep_is_read_after_commit_prepared(
     PREPAREs while readers sweep back to back, round after round; after COMMIT
     PREPARED every message must be read.
     """
-    from conftest import migrated_database
+    from support.db import migrated_database
 
     settings = {"max_prepared_transactions": "20", "track_activity_query_size": "1MB"}
     with own_cluster(settings) as cluster:

@@ -460,6 +460,8 @@ def test_worker_refuses_bad_apps_and_missing_queues_in_one_line(dsn: str) -> Non
     assert "cannot import 'no_such_module'" in line
     line = one_line_error(cli(dsn, "worker", "pgqueue._cli.demo:ORDERS"))
     assert "is not a pgqueue.App" in line
-    line = one_line_error(cli(dsn, "worker", "tests.worker_app:app"))
+    line = one_line_error(cli(dsn, "worker", "support.worker_app:app"))
     assert "do not exist; create them first" in line
-    assert one_line_error(cli(dsn, "worker", "tests.worker_app:app", "--vt", "0")).count("vt") >= 1
+    assert (
+        one_line_error(cli(dsn, "worker", "support.worker_app:app", "--vt", "0")).count("vt") >= 1
+    )

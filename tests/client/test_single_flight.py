@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from test_concurrency import run_threads
+from support.db import run_threads
 
 from pgqueue import Client, InvalidArgument
 from pgqueue._calls import single_flight as c

@@ -14,7 +14,8 @@ from typing import Any
 
 import psycopg
 import structlog
-from conftest import count, prepare, wait_until
+from support.db import wait_until
+from support.processes import count, prepare
 
 from pgqueue import Client
 
@@ -140,7 +141,7 @@ def test_the_last_failed_attempt_logs_its_poisoning_not_a_retry(
 ) -> None:
     import threading
 
-    import worker_app
+    from support import worker_app
 
     from pgqueue import Worker, WorkerSettings
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_concurrency import run_threads
-from test_faults import terminate_client_backends
+from support.db import run_threads, terminate_client_backends
 
 from pgqueue import Client
 from pgqueue._calls import barrier as b

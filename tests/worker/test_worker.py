@@ -9,9 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
-import worker_app
-from conftest import wait_until
-from test_faults import terminate_client_backends
+from support import worker_app
+from support.db import terminate_client_backends, wait_until
 
 from pgqueue import Client, InvalidArgument, Worker, WorkerSettings
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import expire_all
+from support.db import expire_all
 
 from pgqueue import (
     TRANSPORT_MARKER,

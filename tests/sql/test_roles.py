@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from conftest import create_database, drop_database, wait_until, with_dbname
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from support.db import create_database, drop_database, wait_until, with_dbname
 
 import pgqueue
 from pgqueue import (

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import expire_all
+from support.db import expire_all
 
 from pgqueue import Client, InvalidArgument, QueueNotFound
 

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import pgbouncer
 import pytest
-from conftest import wait_until
 from psycopg.conninfo import conninfo_to_dict
+from support import pgbouncer
+from support.db import wait_until
 
 from pgqueue import App, Client, Message, Worker, WorkerSettings
 

@@ -5,37 +5,16 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from support.db import run_threads
 
 from pgqueue import Client
 from pgqueue._calls import queue as q
 
 READERS = 8
-
-
-def run_threads(n: int, target: Callable[[int], None]) -> None:
-    """Start n threads at the same instant and re-raise the first failure."""
-    errors: list[BaseException] = []
-    start = threading.Barrier(n)
-
-    def wrapped(i: int) -> None:
-        try:
-            start.wait()
-            target(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def drain(dsn: str, queue: str, vt: int, ack: bool) -> Counter[int]:

@@ -11,7 +11,7 @@ import pytest
 import pgqueue
 from pgqueue._errors import _REGISTRY, SQLSTATES, PgQueueError, translate
 
-SQL = Path(__file__).resolve().parents[1] / "sql"
+SQL = Path(__file__).resolve().parents[2] / "sql"
 
 
 def raised_in_sql() -> set[str]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from conftest import stateful_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,6 +22,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support.db import stateful_settings
 
 from pgqueue._calls import poison as p
 from pgqueue._calls import queue as q

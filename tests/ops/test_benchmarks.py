@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LOCAL_DSN, _answers
+from support.db import LOCAL_DSN, answers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not _answers(LOCAL_DSN), reason="needs the local server (pgbench beside it)")
+@pytest.mark.skipif(not answers(LOCAL_DSN), reason="needs the local server (pgbench beside it)")
 def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
     for peer in ("pgmq", "pgqueuer", "asyncpg", "procrastinate"):
         pytest.importorskip(peer, reason="the peers come with pip install -e '.[bench]'")

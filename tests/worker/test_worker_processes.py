@@ -10,15 +10,8 @@ import time
 from typing import Any
 
 import psycopg
-from conftest import (
-    TESTS,
-    count,
-    migrated_database,
-    prepare,
-    restart_server,
-    wait_until,
-    with_dbname,
-)
+from support.db import migrated_database, restart_server, wait_until, with_dbname
+from support.processes import TESTS, count, prepare
 
 from pgqueue import Client
 
@@ -122,7 +115,7 @@ def test_worker_with_a_bad_app_path_says_so_in_one_line(dsn: str) -> None:
 def test_worker_for_queues_that_do_not_exist_fails_fast(dsn: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(TESTS))
     result = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "worker", "worker_app:app", "--dsn", dsn],
+        [sys.executable, "-m", "pgqueue", "worker", "support.worker_app:app", "--dsn", dsn],
         capture_output=True,
         text=True,
         timeout=60,

@@ -96,7 +96,8 @@ def test_numbers_outside_their_range_are_one_clear_error(client: Client, value: 
 @FAST
 @given(
     payload=json_values,
-    headers=st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+    headers=st.none()
+    | st.dictionaries(st.text(max_size=8) | st.just("_pg_x"), json_values, max_size=3),
 )
 def test_payloads_round_trip_or_are_refused_whole(
     client: Client, payload: Any, headers: Any
@@ -106,6 +107,11 @@ def test_payloads_round_trip_or_are_refused_whole(
     has_nul = "\\u0000" in json.dumps(payload) + json.dumps(headers)
     if has_nul:
         with pytest.raises(InvalidMessage, match="NUL"):
+            client.send("payloads", payload, headers=headers)
+        assert live(client, "payloads") == 0
+        return
+    if any(k.startswith("_pg_") for k in headers or {}):
+        with pytest.raises(InvalidArgument, match="reserved"):
             client.send("payloads", payload, headers=headers)
         assert live(client, "payloads") == 0
         return

@@ -8,26 +8,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
-from conftest import FAST_RETRY, restart_server
-from faultproxy import FaultProxy
+from support.db import FAST_RETRY, restart_server, terminate_client_backends
+from support.faultproxy import FaultProxy
 
 import pgqueue._connection
 from pgqueue import Client, ConnectionLost, QueueNotFound, RetryPolicy
 from pgqueue._calls import Call, scalar
-
-
-def terminate_client_backends(dsn: str, application_name: str = "pgqueue") -> int:
-    """pg_terminate_backend every connection of that application to this test's database."""
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = %s"
-            " AND pid <> pg_backend_pid()",
-            (application_name,),
-        ).fetchall()
-    return len(rows)
 
 
 def test_send_is_retried_on_a_fresh_connection_after_terminate(

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from conftest import stateful_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -16,6 +15,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support.db import stateful_settings
 
 from pgqueue._calls import barrier as b
 from pgqueue._calls import poison as p

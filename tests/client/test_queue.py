@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import expire_all
+from support.db import expire_all
 
 import pgqueue
 from pgqueue import Client, InvalidArgument, InvalidMessage, Message, QueueNotFound

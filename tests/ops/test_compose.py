@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import click
-import pgbouncer
 import psycopg
 import pytest
 import yaml
-from conftest import wait_until
 from psycopg.conninfo import conninfo_to_dict
+from support import pgbouncer
+from support.db import wait_until
 
 from pgqueue._cli import main as cli
 from pgqueue._worker import WorkerSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 OTHER_SETTINGS = {
     "PGQUEUE_DSN",

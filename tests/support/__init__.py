@@ -1,0 +1,1 @@
+"""What the tests share: fixture plugins (db, processes), helpers and the apps they run."""
