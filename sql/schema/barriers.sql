@@ -120,23 +120,36 @@ $$;
 -- barriers whose last member this was. Members already counted are skipped;
 -- barrier rows are locked in barrier_id order, the order every path uses.
 CREATE FUNCTION pgqueue._complete(p_queue_ids integer[], p_msg_ids bigint[], p_outcomes text[],
-                                  p_results jsonb[])
+                                             p_results jsonb[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_ids text[];
     v_counted integer[];
     v_ok integer[];
     v_remaining integer;
 BEGIN
-    WITH counted AS (
+    -- Each member row is found by one probe of (queue_id, msg_id) and counted
+    -- by ctid, only while its outcome is NULL: a completion racing this one
+    -- for the same member updates the row first, and then its ctid no longer
+    -- matches here (nor does its outcome): the member counts once.
+    WITH i AS (
+        SELECT DISTINCT ON (u.queue_id, u.msg_id) u.queue_id, u.msg_id, u.outcome, u.result
+          FROM unnest(p_queue_ids, p_msg_ids, p_outcomes, p_results) WITH ORDINALITY
+               AS u (queue_id, msg_id, outcome, result, ord)
+         ORDER BY u.queue_id, u.msg_id, u.ord  -- listed twice: the first entry counts
+    ), t AS (
+        SELECT i.outcome, i.result,
+               (SELECT bm.ctid FROM pgqueue.barrier_member bm
+                 WHERE bm.queue_id = i.queue_id AND bm.msg_id = i.msg_id) AS tid
+          FROM i
+    ), counted AS (
         UPDATE pgqueue.barrier_member bm
-           SET outcome = i.outcome, result = i.result, completed_at = clock_timestamp()
-          FROM (SELECT DISTINCT ON (u.queue_id, u.msg_id) u.queue_id, u.msg_id, u.outcome, u.result
-                  FROM unnest(p_queue_ids, p_msg_ids, p_outcomes, p_results) WITH ORDINALITY
-                       AS u (queue_id, msg_id, outcome, result, ord)
-                 ORDER BY u.queue_id, u.msg_id, u.ord) AS i  -- listed twice: the first entry counts
-         WHERE bm.queue_id = i.queue_id AND bm.msg_id = i.msg_id AND bm.outcome IS NULL
+           SET outcome = t.outcome, result = t.result, completed_at = clock_timestamp()
+          FROM t
+         WHERE bm.ctid = t.tid AND bm.outcome IS NULL
         RETURNING bm.barrier_id, bm.outcome
     )
     SELECT array_agg(g.barrier_id ORDER BY g.barrier_id),
@@ -178,12 +191,17 @@ BEGIN
 END
 $$;
 
+-- Fires the barriers whose deadline passed, their pending members counted as
+-- timed_out; how many fired.
 CREATE FUNCTION pgqueue.expire_barriers() RETURNS integer
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
     v_id text;
+    v_tids tid[];
     v_n integer;
     v_remaining integer;
     v_expired integer := 0;
@@ -201,17 +219,15 @@ BEGIN
          WHERE b.state = 'open' AND b.deadline <= clock_timestamp()
          ORDER BY b.barrier_id LIMIT 1000
     LOOP
-        WITH timed_out AS (
-            UPDATE pgqueue.barrier_member m
-               SET outcome = 'timed_out', completed_at = clock_timestamp()
-             WHERE (m.barrier_id, m.member_index) IN (
-                   SELECT x.barrier_id, x.member_index FROM pgqueue.barrier_member x
-                    WHERE x.barrier_id = v_id AND x.outcome IS NULL
-                      FOR UPDATE SKIP LOCKED)
-               AND m.outcome IS NULL
-            RETURNING 1
-        )
-        SELECT count(*) INTO v_n FROM timed_out;
+        -- the barrier's pending members, by its primary key's prefix, locked;
+        -- then timed out by ctid
+        v_tids := ARRAY(SELECT x.ctid FROM pgqueue.barrier_member x
+                         WHERE x.barrier_id = v_id AND x.outcome IS NULL
+                           FOR UPDATE SKIP LOCKED);
+        UPDATE pgqueue.barrier_member m
+           SET outcome = 'timed_out', completed_at = clock_timestamp()
+         WHERE m.ctid = ANY (v_tids) AND m.outcome IS NULL;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
         UPDATE pgqueue.barrier
            SET remaining = remaining - v_n, failed = failed + v_n
          WHERE barrier_id = v_id AND state = 'open'
@@ -430,9 +446,12 @@ $$;
 -- they went to the poison table in the same statement, else 'succeeded' (an
 -- ack by delete, archive or pop). Every path that means another outcome
 -- (complete_members, the purges) counts its members first, so they are
--- skipped here; nothing a session sets is read.
+-- skipped here; nothing a session sets is read. Each gone row looks up its
+-- member row and its poison row by one primary-key probe each.
 CREATE FUNCTION pgqueue._members_gone() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_queue_ids integer[];
     v_msg_ids bigint[];
@@ -440,12 +459,14 @@ DECLARE
     v_results jsonb[];
 BEGIN
     SELECT array_agg(g.queue_id), array_agg(g.msg_id),
-           array_agg(CASE WHEN p.msg_id IS NOT NULL THEN 'poisoned' ELSE 'succeeded' END),
-           array_agg(CASE WHEN p.msg_id IS NOT NULL THEN jsonb_build_object('reason', p.reason) END)
+           array_agg(CASE WHEN p.reason IS NOT NULL THEN 'poisoned' ELSE 'succeeded' END),
+           array_agg(CASE WHEN p.reason IS NOT NULL THEN jsonb_build_object('reason', p.reason) END)
       INTO v_queue_ids, v_msg_ids, v_outcomes, v_results
       FROM gone g
-      JOIN pgqueue.barrier_member bm ON bm.queue_id = g.queue_id AND bm.msg_id = g.msg_id
-      LEFT JOIN pgqueue.poison p ON p.queue_id = g.queue_id AND p.msg_id = g.msg_id
+     CROSS JOIN LATERAL (SELECT bm.outcome FROM pgqueue.barrier_member bm
+                          WHERE bm.queue_id = g.queue_id AND bm.msg_id = g.msg_id LIMIT 1) bm
+      LEFT JOIN LATERAL (SELECT x.reason FROM pgqueue.poison x
+                          WHERE x.queue_id = g.queue_id AND x.msg_id = g.msg_id LIMIT 1) p ON true
      WHERE g.member_of IS NOT NULL AND bm.outcome IS NULL;
     IF v_msg_ids IS NOT NULL THEN
         PERFORM pgqueue._complete(v_queue_ids, v_msg_ids, v_outcomes, v_results);
@@ -468,6 +489,12 @@ BEGIN
 END
 $$;
 
+-- complete_members with read_cts: an entry with a read_ct acts only while
+-- that read still holds the message's lease (else it is left alone: not
+-- counted, not acked); an entry without one acts unfenced. Meant for
+-- failures ('failed' speaks for one attempt, and the current holder may
+-- still succeed); a success may go unfenced. The statuses returned are those
+-- of the barriers of the entries that acted.
 CREATE FUNCTION pgqueue.complete_members(
     queue_name text,
     msg_ids bigint[],
@@ -476,6 +503,7 @@ CREATE FUNCTION pgqueue.complete_members(
     read_cts integer[] DEFAULT NULL
 ) RETURNS SETOF pgqueue.barrier_status
 LANGUAGE plpgsql
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
@@ -485,6 +513,7 @@ DECLARE
     v_n integer := cardinality(complete_members.msg_ids);
     v_outcomes text[];
     v_results jsonb[];
+    v_tids tid[];
     v_bad text;
 BEGIN
     IF complete_members.msg_ids IS NULL THEN
@@ -505,10 +534,11 @@ BEGIN
 
     -- Lock order everywhere is message rows, then member rows, then barrier
     -- rows (a reader that poison-drops a member holds its message row when its
-    -- trigger reaches the barrier), so take the message rows first.
-    PERFORM 1 FROM pgqueue.message
-      WHERE queue_id = q.queue_id AND msg_id = ANY (v_ids)
-      ORDER BY msg_id FOR UPDATE;
+    -- trigger reaches the barrier), so take the message rows first, in
+    -- msg_id order, one primary-key probe each.
+    PERFORM (SELECT 1 FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+       FROM (SELECT DISTINCT i FROM unnest(v_ids) AS i ORDER BY i) AS u (id);
     IF complete_members.read_cts IS NOT NULL THEN
         -- The rows are locked: what this sees holds until we commit.
         SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
@@ -518,8 +548,8 @@ BEGIN
           FROM unnest(complete_members.msg_ids, v_outcomes, v_results, complete_members.read_cts)
                WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, ord)
          WHERE u.read_ct IS NULL
-            OR EXISTS (SELECT 1 FROM pgqueue.message m
-                        WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id AND m.read_ct = u.read_ct);
+            OR (SELECT m.read_ct FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id) = u.read_ct;
         v_n := cardinality(v_ids);
         IF v_n = 0 THEN
             RETURN;
@@ -528,11 +558,17 @@ BEGIN
     -- Count the outcomes, then ack: the ack's trigger finds the members
     -- counted and leaves them alone.
     PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[v_n]), v_ids, v_outcomes, v_results);
-    DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = ANY (v_ids);
+    v_tids := ARRAY(SELECT (SELECT m.ctid FROM pgqueue.message m
+                             WHERE m.queue_id = q.queue_id AND m.msg_id = u.id)
+                      FROM unnest(v_ids) AS u (id));
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids);
 
     RETURN QUERY
-    SELECT s.* FROM (SELECT DISTINCT bm.barrier_id FROM pgqueue.barrier_member bm
-                      WHERE bm.queue_id = q.queue_id AND bm.msg_id = ANY (v_ids)) d,
+    SELECT s.* FROM (SELECT DISTINCT x.barrier_id
+                       FROM unnest(v_ids) AS u (id)
+                      CROSS JOIN LATERAL (SELECT bm.barrier_id FROM pgqueue.barrier_member bm
+                                           WHERE bm.queue_id = q.queue_id AND bm.msg_id = u.id
+                                           LIMIT 1) x) d,
            LATERAL pgqueue._barrier_status(d.barrier_id) s
      ORDER BY s.barrier_id;
 END

@@ -76,8 +76,10 @@ BEGIN
 END
 $$;
 
+-- Deletes poison rows of a queue (all of them when msg_ids is NULL); how many.
 CREATE FUNCTION pgqueue.poison_purge(queue_name text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
@@ -85,8 +87,16 @@ DECLARE
     q pgqueue.queue := pgqueue._queue(poison_purge.queue_name);
     n bigint;
 BEGIN
-    DELETE FROM pgqueue.poison
-     WHERE queue_id = q.queue_id AND (poison_purge.msg_ids IS NULL OR msg_id = ANY (poison_purge.msg_ids));
+    IF poison_purge.msg_ids IS NULL THEN
+        DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id;
+    ELSE
+        -- one primary-key probe per id
+        DELETE FROM pgqueue.poison p
+         WHERE p.ctid = ANY (ARRAY(
+               SELECT (SELECT x.ctid FROM pgqueue.poison x
+                        WHERE x.queue_id = q.queue_id AND x.msg_id = u.id)
+                 FROM unnest(poison_purge.msg_ids) AS u (id)));
+    END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -220,17 +230,19 @@ BEGIN
 END
 $$;
 
--- A requeued message gets a new msg_id (see 1. above): its lease history
--- starts over, and no holder of an old lease can name it. The poison row is
--- gone either way; the returned ids are the new ones, in the order of the old.
+-- A requeued message gets a new msg_id: its lease history starts over, and no
+-- holder of an old lease can name it. The poison row is gone either way; the
+-- returned ids are the new ones, in the order of the old.
 CREATE FUNCTION pgqueue.poison_requeue(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
 LANGUAGE plpgsql
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue_locked(poison_requeue.queue_name);
     v_now timestamptz := clock_timestamp();
+    v_tids tid[];
     v_rows pgqueue.poison[];
     v_new bigint[];
     v_keyed bigint[];
@@ -239,8 +251,12 @@ BEGIN
     -- message (or an earlier row of this batch) holds the key, they go back
     -- without one. Nothing is lost: every row taken from the poison table is
     -- inserted by one of the two statements below, in this transaction.
+    v_tids := ARRAY(
+        SELECT (SELECT p.ctid FROM pgqueue.poison p
+                 WHERE p.queue_id = q.queue_id AND p.msg_id = u.id FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(poison_requeue.msg_ids) AS i ORDER BY i) AS u (id));
     WITH back AS (
-        DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id AND msg_id = ANY (poison_requeue.msg_ids)
+        DELETE FROM pgqueue.poison p WHERE p.ctid = ANY (v_tids)
         RETURNING *
     )
     SELECT array_agg(b ORDER BY b.msg_id) INTO v_rows FROM back b;

@@ -560,25 +560,33 @@ BEGIN
 END
 $$;
 
+-- Deletes up to qty live messages with msg_id <= up_to_msg_id, oldest first;
+-- how many. Barrier members removed this way count as purged (failed), as
+-- with purge_queue. Call until it returns 0: the bound keeps a purge from
+-- chasing messages sent after it started.
 CREATE FUNCTION pgqueue.purge_queue_chunk(queue_name text, up_to_msg_id bigint, qty integer)
 RETURNS bigint
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(purge_queue_chunk.queue_name);
+    v_tids tid[];
     n bigint;
 BEGIN
     PERFORM pgqueue._require_nonnegative('qty', purge_queue_chunk.qty);
+    -- the oldest qty, in msg_id order along the primary key, locked
+    v_tids := ARRAY(SELECT c.ctid FROM pgqueue.message c
+                     WHERE c.queue_id = q.queue_id AND c.msg_id <= purge_queue_chunk.up_to_msg_id
+                     ORDER BY c.msg_id
+                     LIMIT purge_queue_chunk.qty
+                       FOR UPDATE);
+    -- Members are counted as purged in the statement that deletes them.
     WITH gone AS (
-        DELETE FROM pgqueue.message m
-         WHERE m.queue_id = q.queue_id
-           AND m.msg_id IN (SELECT c.msg_id FROM pgqueue.message c
-                             WHERE c.queue_id = q.queue_id AND c.msg_id <= purge_queue_chunk.up_to_msg_id
-                             ORDER BY c.msg_id
-                             LIMIT purge_queue_chunk.qty
-                               FOR UPDATE)
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
         RETURNING m.msg_id, m.member_of
     ), agg AS (
         SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members

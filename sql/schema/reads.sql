@@ -101,46 +101,54 @@ BEGIN
 END
 $$;
 
--- complete_members locks its message rows in msg_id order; a multi-row delete
--- or archive locked them in whatever order its plan visited them (a bitmap
--- scan: heap order), so the two could each hold a row the other wanted (seen:
--- a deadlock in test_multi_row_acks_and_batch_completions_do_not_deadlock).
--- Every multi-row remover now takes its row locks in msg_id order first.
+-- Acks many messages; the ids that were still live. Every multi-row remover
+-- locks its rows in msg_id order first (in any other order a batch
+-- completion and an ack could each hold a row the other wants: a deadlock),
+-- one primary-key probe per id, so the plan needs no statistics (see the
+-- header of sql/0010_plans.sql), and then removes them by ctid.
 CREATE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(delete.queue_name);
+    v_tids tid[];
 BEGIN
+    -- Locked in msg_id order, as every multi-row remover locks (a deadlock
+    -- with a batch completion otherwise), one primary-key probe per id; then
+    -- removed by ctid.
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(delete.msg_ids) AS i ORDER BY i) AS u (id));
     RETURN QUERY
-    DELETE FROM pgqueue.message m
-     WHERE m.queue_id = q.queue_id
-       AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
-                         WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (delete.msg_ids)
-                         ORDER BY l.msg_id FOR UPDATE)
-    RETURNING m.msg_id;
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids) RETURNING m.msg_id;
 END
 $$;
 
+-- Acks many messages by moving them to pgqueue.archive, locked as delete does.
 CREATE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(archive.queue_name);
+    v_tids tid[];
 BEGIN
+    -- As delete(queue, ids): locked in msg_id order by primary-key probes.
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(archive.msg_ids) AS i ORDER BY i) AS u (id));
     RETURN QUERY
     WITH gone AS (
-        DELETE FROM pgqueue.message m
-         WHERE m.queue_id = q.queue_id
-           AND m.msg_id IN (SELECT l.msg_id FROM pgqueue.message l
-                             WHERE l.queue_id = q.queue_id AND l.msg_id = ANY (archive.msg_ids)
-                             ORDER BY l.msg_id FOR UPDATE)
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
         RETURNING m.*
     ), kept AS (
         INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
@@ -308,6 +316,7 @@ $$;
 CREATE FUNCTION pgqueue.hold_leases(queue_name text, msg_ids bigint[], read_cts integer[])
 RETURNS SETOF bigint
 LANGUAGE plpgsql
+SET enable_seqscan = off
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
@@ -318,13 +327,17 @@ BEGIN
        OR cardinality(hold_leases.msg_ids) <> cardinality(hold_leases.read_cts) THEN
         RAISE EXCEPTION 'msg_ids and read_cts must be given, with the same length' USING ERRCODE = '22023';
     END IF;
+    -- One primary-key probe per lease, in msg_id order; a lease taken over
+    -- (read_ct moved on) fails the probe's recheck and is not held.
     RETURN QUERY
-    SELECT m.msg_id FROM pgqueue.message m
-      JOIN unnest(hold_leases.msg_ids, hold_leases.read_cts) AS l (msg_id, read_ct)
-        ON m.msg_id = l.msg_id AND m.read_ct = l.read_ct
-     WHERE m.queue_id = q.queue_id
-     ORDER BY m.msg_id
-       FOR UPDATE OF m;
+    SELECT h.id FROM (
+        SELECT (SELECT m.msg_id FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND m.read_ct = l.read_ct
+                   FOR UPDATE) AS id
+          FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
+                  FROM unnest(hold_leases.msg_ids, hold_leases.read_cts) AS x (msg_id, read_ct)
+                 ORDER BY x.msg_id) AS l) AS h
+     WHERE h.id IS NOT NULL;
 END
 $$;
 
@@ -399,11 +412,14 @@ $$;
 -- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
 -- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
 -- a notice for each. The read lanes, the floors and the late sweep are the
--- header of this file.
+-- header of sql/schema/reads.sql. The rows a round locks carry their ctids,
+-- and the lease (or the pop's delete, or the poison drop) finds them by those.
 CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean)
 RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -428,7 +444,8 @@ DECLARE
     v_now timestamptz;
     v_left integer := qty;
     v_ok bigint[];
-    v_exhausted bigint[];
+    v_ok_tids tid[];
+    v_exhausted_tids tid[];
     v_handed bigint[] := '{}';
     v_fast_f bigint;
     v_fast_f_id bigint;
@@ -533,7 +550,7 @@ BEGIN
     LOOP
         v_now := clock_timestamp();
         WITH f AS (
-            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
+            SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
              WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
                AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
                AND m.msg_id <> ALL (v_handed)
@@ -541,7 +558,7 @@ BEGIN
              LIMIT v_left
                FOR UPDATE SKIP LOCKED
         ), t AS (
-            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
+            SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
              WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
                AND m.vt >= v_lo_t AND m.vt <= v_now
                AND m.msg_id <> ALL (v_handed)
@@ -551,15 +568,21 @@ BEGIN
         ), listed AS (
             SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
         ), l AS (
-            SELECT m.msg_id, m.vt, m.read_ct FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND m.msg_id IN (SELECT x.msg_id FROM listed x)
-               AND m.vt <= v_now
-               AND m.msg_id <> ALL (v_handed)
-             ORDER BY m.vt, m.msg_id
+            -- From the listings to the messages, one probe by primary key each
+            -- (LATERAL with LIMIT: the planner cannot turn it into a scan of
+            -- the queue's messages joined to the listings).
+            SELECT x.msg_id, x.vt, x.read_ct, x.tid
+              FROM listed r
+             CROSS JOIN LATERAL (
+                   SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                    WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
+                      AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED) x
+             ORDER BY x.vt, x.msg_id
              LIMIT v_left
-               FOR UPDATE SKIP LOCKED
         ), c AS (
-            SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct
+            SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
               FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l) u
         ), b AS (
             SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
@@ -569,8 +592,9 @@ BEGIN
         SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
                EXISTS (SELECT 1 FROM listed),
                coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
-               coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
-          INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_exhausted;
+               coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+               coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
+          INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
         -- the first row locked in each lane over all rounds
         IF v_round_f IS NOT NULL AND (v_locked_f IS NULL OR (v_round_f, v_round_f_id) < (v_locked_f, v_locked_f_id)) THEN
             v_locked_f := v_round_f;
@@ -579,13 +603,12 @@ BEGIN
         v_locked_t := least(v_locked_t, v_round_t);
         v_listed := v_listed OR v_round_listed;
 
-        IF cardinality(v_exhausted) > 0 THEN
+        IF cardinality(v_exhausted_tids) > 0 THEN
             -- One notice per message dropped, so the caller can log it: the
             -- rows a read returns are only the ones it delivered.
             FOR v_dropped IN
                 WITH gone AS (
-                    DELETE FROM pgqueue.message
-                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_exhausted)
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_exhausted_tids)
                     RETURNING *
                 )
                 INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
@@ -606,8 +629,7 @@ BEGIN
             IF remove THEN
                 RETURN QUERY
                 WITH taken AS (
-                    DELETE FROM pgqueue.message
-                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_ok_tids)
                     RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, vt, message, headers
                 )
                 SELECT * FROM taken t ORDER BY t.msg_id;
@@ -616,7 +638,7 @@ BEGIN
                 WITH leased AS (
                     UPDATE pgqueue.message
                        SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1
-                     WHERE queue_id = q.queue_id AND msg_id = ANY (v_ok)
+                     WHERE ctid = ANY (v_ok_tids)
                     RETURNING msg_id, read_ct, enqueued_at, vt, message, headers
                 )
                 SELECT * FROM leased l ORDER BY l.msg_id;
@@ -624,7 +646,7 @@ BEGIN
             v_left := v_left - cardinality(v_ok);
             v_handed := v_handed || v_ok;
         END IF;
-        EXIT WHEN cardinality(v_exhausted) = 0 OR v_left <= 0;
+        EXIT WHEN cardinality(v_exhausted_tids) = 0 OR v_left <= 0;
     END LOOP;
 
     -- Listed rows that are gone, taken or not due need no listing any more
@@ -635,9 +657,12 @@ BEGIN
            AND r.msg_id IN (
                SELECT x.msg_id FROM pgqueue.recheck x
                 WHERE x.queue_id = q.queue_id
-                  AND NOT EXISTS (SELECT 1 FROM pgqueue.message m
-                                   WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id
-                                     AND m.vt <= v_now AND m.msg_id <> ALL (v_handed))
+                  -- a probe by primary key per listing (a scalar subquery with
+                  -- LIMIT is not turned into a join over the queue's messages)
+                  AND (SELECT 1 FROM pgqueue.message m
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                        LIMIT 1) IS NULL
                   FOR UPDATE SKIP LOCKED);
     END IF;
 
