@@ -1,0 +1,97 @@
+"""Reads and acks plan right on a table that was never analyzed, however it grows.
+
+The generic plans of pgqueue's functions are made once per session, at their
+first call: here on a tiny table that was never analyzed. The table then
+grows by tens of thousands of sends, leases and acks (dead rows and index
+entries no VACUUM or ANALYZE removes), and the same session reads and acks
+again under auto_explain, whose plans arrive as notices. Every plan must still
+find messages by their primary key (or a lane index, or ctid), and a read or an
+ack of 10 messages must touch a few hundred buffers, not the tens of
+thousands the queue's index entries take.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+
+QUEUE = "plans"
+
+
+def churn(dsn: str, n: int) -> None:
+    """n messages sent, leased and acked, then 2,000 left visible: dead rows, no ANALYZE."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(n // 1000):
+            conn.execute(
+                "SELECT pgqueue.send_batch(%s, array_fill('{\"x\": 1}'::jsonb, ARRAY[1000]))",
+                (QUEUE,),
+            )
+            ids = [
+                r[0]
+                for r in conn.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1000)", (QUEUE,))
+            ]
+            conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+        conn.execute(
+            "SELECT pgqueue.send_batch(%s, array_fill('{\"x\": 1}'::jsonb, ARRAY[2000]))", (QUEUE,)
+        )
+        analyzed = conn.execute(
+            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables"
+            " WHERE relid = 'pgqueue.message'::regclass"
+        ).fetchone()
+        assert analyzed == (None, None), "the table must never have been analyzed"
+
+
+def explained(
+    conn: psycopg.Connection[Any], statement: str, params: tuple[Any, ...]
+) -> tuple[Any, list[str]]:
+    """Run a statement under auto_explain (plans as notices); its rows and every plan."""
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute(
+        "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+        " SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on;"
+        " SET auto_explain.log_level = notice"
+    )
+    rows = conn.execute(statement, params).fetchall()
+    conn.execute("SET auto_explain.log_min_duration = -1")
+    return rows, [p for p in plans if "plan:" in p]
+
+
+def top_buffers(plans: list[str], statement: str) -> int:
+    [plan] = [p for p in plans if statement in p.split("\n", 3)[1]]
+    hits = re.search(r"Buffers: shared hit=(\d+)", plan)
+    return int(hits.group(1)) if hits else 0
+
+
+def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
+    dsn: str, server_dsn: str
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("needs auto_explain and a superuser to load it")
+        conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
+        conn.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,))
+        # first calls: the generic plans are made now, on a tiny table
+        ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))]
+        conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+        churn(dsn, 30_000)
+        rows, read_plans = explained(conn, "SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))
+        ids = [r[0] for r in rows]
+        assert len(ids) == 10
+        _, ack_plans = explained(conn, "SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+    for plan in read_plans + ack_plans:
+        assert "Seq Scan on message" not in plan, plan
+        assert "Bitmap" not in plan or "message" not in plan, plan
+        # an index scan of the primary key names both of its columns
+        for cond in re.findall(r"Index Scan using message_pkey.*\n\s+Index Cond: \((.*)\)", plan):
+            assert "msg_id" in cond, plan
+    assert any("Tid Scan on message" in p for p in read_plans), "the lease finds its rows by ctid"
+    assert any("Tid Scan on message" in p for p in ack_plans), "the ack finds its rows by ctid"
+    # 30,000 messages' worth of dead index entries and rows sit in the queue
+    assert top_buffers(read_plans, "pgqueue.read(") < 400
+    assert top_buffers(ack_plans, "pgqueue.delete(") < 300
