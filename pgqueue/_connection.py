@@ -145,6 +145,16 @@ class PoolSpec:
         }
         return cls(resolved, describe_dsn(resolved), min_size, max_size, connect_timeout, kwargs)
 
+    # Back in a second after an outage of any length. The pool's own
+    # reconnection backs off exponentially (1, 2, 4, 8 s ...) for up to
+    # reconnect_timeout, and while it does, a caller waiting for a connection
+    # waits on it: after a 10 s outage the first call got through 4 s after the
+    # server was back (the soak's postgres_outage). So a reconnection gives up
+    # after a second, and a caller waits a second at most before the retry
+    # policy asks again; each new wait starts a new attempt at once.
+    POOL_WAIT = 1.0
+    RECONNECT_FOR = 1.0
+
     def pool(self) -> ConnectionPool[Connection]:
         """A pool for a Client, not opened yet."""
         return ConnectionPool(
@@ -153,7 +163,8 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure,
-            timeout=max(self.connect_timeout, 1.0),
+            timeout=self.POOL_WAIT,
+            reconnect_timeout=self.RECONNECT_FOR,
             open=False,
             name="pgqueue",
         )
@@ -166,7 +177,8 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure_async,
-            timeout=max(self.connect_timeout, 1.0),
+            timeout=self.POOL_WAIT,
+            reconnect_timeout=self.RECONNECT_FOR,
             open=False,
             name="pgqueue-async",
         )

@@ -76,10 +76,12 @@ def is_retryable(exc: BaseException) -> bool:
 class RetryPolicy:
     """How long a call keeps trying on fresh connections before raising ConnectionLost."""
 
-    attempts: int = 8
+    # Bounded by time: many short waits, so a call gets through within about
+    # half a second of the server being back (see PoolSpec.POOL_WAIT).
+    attempts: int = 100
     deadline_seconds: float = 30.0
     initial_wait_seconds: float = 0.05
-    max_wait_seconds: float = 2.0
+    max_wait_seconds: float = 0.5
 
     def _stop(self) -> tenacity.stop.stop_base:
         return tenacity.stop_after_attempt(self.attempts) | tenacity.stop_after_delay(

@@ -730,6 +730,9 @@ class Phase:
     done: int = 0
     jobs: int = 0
     seconds: float = 0.0
+    # From the moment the server answered again after the fault to the first
+    # job completed after it, in seconds (None: no fault, or none completed).
+    recovery: float | None = None
 
     @property
     def completion(self) -> float:
@@ -765,6 +768,7 @@ def run_phase(dsn: str, client: Client, cfg: Config, fault: Callable[[], None] |
     started = time.monotonic()
     phase = Phase(jobs=len(ids))
     injected = fault is None
+    ready_at = None
     while time.monotonic() - started < cfg.scenario_timeout:
         phase.done = _completed(dsn, qid, ids)
         if phase.done == len(ids):
@@ -772,8 +776,20 @@ def run_phase(dsn: str, client: Client, cfg: Config, fault: Callable[[], None] |
         if not injected and phase.done >= len(ids) // 4:
             fault()  # type: ignore[misc]
             injected = True
+            # the server's clock when it answers again: what the audit stamps
+            ready_at = patiently(lambda c: c.execute("SELECT clock_timestamp()").fetchone()[0], dsn)
         time.sleep(0.1)
     phase.seconds = time.monotonic() - started
+    if ready_at is not None:
+        first = patiently(
+            lambda c: c.execute(
+                "SELECT extract(epoch FROM min(at) - %s) FROM soak_audit"
+                " WHERE op = 'D' AND queue_id = %s AND msg_id = ANY(%s) AND at >= %s",
+                (ready_at, qid, ids, ready_at),
+            ).fetchone()[0],
+            dsn,
+        )
+        phase.recovery = None if first is None else float(first)
     return phase
 
 
@@ -802,7 +818,12 @@ class Hogs:
 
 
 def scenario(
-    name: str, cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workdir: Path
+    name: str,
+    cfg: Config,
+    server_dsn: str,
+    restart: Callable[[], None] | None,
+    workdir: Path,
+    stop_start: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> dict[str, Any]:
     """One scenario: a baseline batch, then a batch with the fault; the books for both."""
     dsn = create_database(server_dsn, {JOBS: cfg.max_attempts})
@@ -835,8 +856,17 @@ def scenario(
         cleanup.append(hogs.release)
         terminate_backends(dsn, 1.0, rng)  # the consumers must come back through 4 slots
 
+    def outage() -> None:
+        # down for 10 s: long enough for reconnection back-offs to grow
+        if stop_start is None:
+            return
+        stop_start[0]()
+        time.sleep(10)
+        stop_start[1]()
+
     faults: dict[str, Callable[[], None]] = {
         "postgres_restart": restart or (lambda: None),
+        "postgres_outage": outage,
         "pg_backend_kill": lambda: (terminate_backends(dsn, 1.0, rng), None)[1],
         "pool_exhaustion": exhaust,
         "crash_recovery": lambda: consumers.kill(consumers.alive()[0]),
@@ -861,13 +891,18 @@ def scenario(
         "with fault completed": f"{hit.completion:.0%} in {hit.seconds:.1f} s",
         "recovered / baseline": ratio,
         "throughput ratio": base.seconds / hit.seconds if hit.seconds else 0.0,
+        "ready to first completion": hit.recovery,
         "lost": rep.figures["lost"],
         "stuck": rep.figures["stuck"],
         "drained": drain == drain,
         "notes": notes,
         "failures": rep.failures
         + ([f"workers that exited on their own: {unexpected}"] if unexpected else [])
-        + ([] if restart or name != "postgres_restart" else ["no private server to restart"]),
+        + (
+            []
+            if restart or name not in ("postgres_restart", "postgres_outage")
+            else ["no private server to restart"]
+        ),
     }
 
 
@@ -889,6 +924,7 @@ def wait_for_consumers(dsn: str, timeout: float = 60) -> None:
 
 SCENARIOS = (
     "postgres_restart",
+    "postgres_outage",
     "pg_backend_kill",
     "pool_exhaustion",
     "crash_recovery",
@@ -911,13 +947,14 @@ def print_soak(rep: Report) -> None:
 def print_scenarios(rows: list[dict[str, Any]]) -> None:
     """The scenarios' table: completion in time with the fault against the baseline."""
     print("\n| scenario | baseline | with fault | recovered / baseline | throughput ratio", end="")
-    print(" | lost | stuck |")
-    print("|---|---|---|---|---|---|---|")
+    print(" | server ready to first completion | lost | stuck |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        gap = r["ready to first completion"]
         print(
             f"| {r['scenario']} | {r['baseline completed']} | {r['with fault completed']} |"
             f" {r['recovered / baseline']:.0%} | {r['throughput ratio']:.2f} |"
-            f" {r['lost']} | {r['stuck']} |"
+            f" {'-' if gap is None else f'{gap:.2f} s'} | {r['lost']} | {r['stuck']} |"
         )
     for r in rows:
         for note in r["notes"]:
@@ -978,8 +1015,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only != "soak":
             rows = []
             fast = partial(cluster.restart, "fast") if restart else None
+            stop_start = (partial(cluster.stop, "fast"), cluster.start) if restart else None
             for name in SCENARIOS:
-                row = scenario(name, cfg, server_dsn, fast, workdir)
+                row = scenario(name, cfg, server_dsn, fast, workdir, stop_start)
                 print(f"{name}: {row['recovered / baseline']:.0%}", flush=True)
                 rows.append(row)
                 failures += [f"{name}: {f}" for f in row["failures"]]

@@ -251,3 +251,22 @@ def terminate_client_backends(dsn: str, application_name: str = "pgqueue") -> in
             (application_name,),
         ).fetchall()
     return len(rows)
+
+
+@pytest.fixture
+def captured_logs() -> Iterator[list[dict[str, Any]]]:
+    """Every structlog line logged during the test, whatever level an earlier test set.
+
+    structlog's configuration is global to the process: a test before this one
+    in the same xdist worker may have configured it to drop warnings (the demo
+    logs at ERROR). Start from the defaults, capture, and restore.
+    """
+    import structlog
+
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**saved)

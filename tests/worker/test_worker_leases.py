@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import structlog
 from support.db import wait_until
 from support.processes import count, prepare
 
@@ -119,14 +118,13 @@ def test_after_a_stop_signal_no_message_waiting_locally_starts(dsn: str, spawn: 
 
 
 def test_a_read_that_poison_drops_a_message_logs_one_line_for_it(
-    client: Client, queue: str
+    client: Client, queue: str, captured_logs: list[dict[str, Any]]
 ) -> None:
     msg_id = client.send(queue, "bad")  # max_attempts 3
     for _ in range(3):
         assert [m.msg_id for m in client.read(queue, vt=0, qty=1)] == [msg_id]
-    with structlog.testing.capture_logs() as logs:
-        assert client.read(queue, vt=30, qty=1) == []
-    [line] = [e for e in logs if e["event"] == "message.poisoned"]
+    assert client.read(queue, vt=30, qty=1) == []
+    [line] = [e for e in captured_logs if e["event"] == "message.poisoned"]
     assert (line["queue"], line["msg_id"], line["read_ct"], line["by"]) == (
         queue,
         msg_id,
@@ -137,7 +135,7 @@ def test_a_read_that_poison_drops_a_message_logs_one_line_for_it(
 
 
 def test_the_last_failed_attempt_logs_its_poisoning_not_a_retry(
-    dsn: str, client: Client, monkeypatch: Any
+    dsn: str, client: Client, monkeypatch: Any, captured_logs: list[dict[str, Any]]
 ) -> None:
     import threading
 
@@ -153,14 +151,14 @@ def test_the_last_failed_attempt_logs_its_poisoning_not_a_retry(
     settings = WorkerSettings(
         queues=("jobs",), poll_interval=0.1, backoff_base=0.01, backoff_max=0.01
     )
-    with structlog.testing.capture_logs() as logs, Client.from_dsn(dsn, max_size=8) as wc:
+    with Client.from_dsn(dsn, max_size=8) as wc:
         w = Worker(worker_app.app, wc, settings)
         t = threading.Thread(target=w.run, kwargs={"install_signals": False})
         t.start()
         wait_until(lambda: client.metrics("jobs").poison_length == 1)
         w.stop()
         t.join(10)
-    mine = [e for e in logs if e.get("msg_id") == msg_id]
+    mine = [e for e in captured_logs if e.get("msg_id") == msg_id]
     assert [(e["event"], e["read_ct"]) for e in mine if e["event"].startswith("message.")] == [
         ("message.failed", 1),
         ("message.poisoned", 2),
