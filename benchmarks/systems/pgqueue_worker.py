@@ -40,7 +40,7 @@ def main() -> None:
     settings = WorkerSettings(
         concurrency=args.concurrency, batch=args.batch, readers=args.readers, poll_interval=0.1
     )
-    client = Client.from_dsn(args.dsn, max_size=settings.concurrency + settings.readers + 2)
+    client = Client.from_dsn(args.dsn, max_size=settings.pool_size)
     client.metrics("bench")  # connected before the clock starts
     print("ready", flush=True)
     code = Worker(batch_app if args.batch_handler else app, client, settings).run()

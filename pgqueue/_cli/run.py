@@ -73,7 +73,7 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
         started = time.monotonic()
         client = Client.from_dsn(
             dsn,
-            max_size=settings.concurrency + settings.readers + 2,
+            max_size=settings.pool_size,
             wait_seconds=settings.startup_timeout,
         )
         # One startup deadline: what the first connection waited counts against it.

@@ -1,4 +1,4 @@
-"""The worker's acks: finished messages acked in batches from a thread of its own.
+"""The worker's acks: finished messages acked in batches from threads of their own.
 
 Batching turns one commit per message into one per batch (measured: the
 per-message acks held one worker at about 1.3k msg/s). A message whose handler
@@ -6,20 +6,25 @@ finished waits at most `interval` for its ack; if the process dies in between,
 it comes back after its vt, as at-least-once allows. Acks are idempotent, so
 each statement is retried on a fresh connection when the connection died;
 one that still fails leaves its messages to come back after their vt.
+
+A slow ack must not hold every lease hostage: batches are bounded
+(MAX_BATCH), THREADS of them run at once, and a message waiting for its ack
+keeps its lease alive (the leases duty extends it like a running one's). At
+shutdown the acker is given what is left of the grace, not more.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pgqueue._calls import encode_json
 from pgqueue._connection import Connection
 from pgqueue._errors import InvalidMessage
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
-from pgqueue._worker.inflight import Task, message_log
+from pgqueue._worker.inflight import InFlight, Task, message_log
 from pgqueue._worker.leases import DB_ERRORS
 from pgqueue.types import Message
 
@@ -32,11 +37,17 @@ def is_member(msg: Message) -> bool:
 
 
 class Acker:
-    """Acks finished messages, one statement per queue and kind, from its own thread."""
+    """Acks finished messages, one statement per queue and kind, from THREADS threads."""
 
-    def __init__(self, db: WorkerDb, clock: Clock, log: Any, interval: float = 0.01) -> None:
-        """An acker that waits `interval` for a batch to gather; start() starts its thread."""
+    THREADS: ClassVar[int] = 2
+    MAX_BATCH: ClassVar[int] = 500
+
+    def __init__(
+        self, db: WorkerDb, inflight: InFlight, clock: Clock, log: Any, interval: float = 0.01
+    ) -> None:
+        """An acker that waits `interval` for a batch to gather; start() starts its threads."""
         self.db = db
+        self.inflight = inflight
         self.clock = clock
         self.log = log
         self.interval = interval
@@ -44,15 +55,20 @@ class Acker:
         self._pending: list[Done] = []
         self._cond = threading.Condition()
         self._stopped = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Start acking."""
-        self._thread = threading.Thread(target=self._run, name="pgqueue-acker", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"pgqueue-acker-{i}", daemon=True)
+            for i in range(self.THREADS)
+        ]
+        for t in self._threads:
+            t.start()
 
     def add(self, items: list[Done]) -> None:
-        """Ack these within about `interval`."""
+        """Ack these within about `interval`; their leases are kept alive until then."""
+        self.inflight.awaiting_ack([t for t, _ in items])
         with self._cond:
             self._pending.extend(items)
             self._cond.notify()
@@ -66,16 +82,27 @@ class Acker:
                     return
             time.sleep(self.interval)  # let a batch gather
             with self._cond:
-                batch, self._pending = self._pending, []
-            self.flush(batch)
+                batch = self._pending[: self.MAX_BATCH]
+                del self._pending[: self.MAX_BATCH]
+                if self._pending:
+                    self._cond.notify()  # more than a batch: another thread takes the rest
+            if batch:
+                self.flush(batch)
 
-    def stop(self) -> None:
-        """Flush what is pending, then end the thread."""
+    def stop(self, timeout: float) -> int:
+        """Ack what is pending within `timeout` seconds, then stop; how many were left unacked.
+
+        The threads are daemons: one stuck in a slow ack is not waited for past
+        the timeout, and its messages come back after their vt.
+        """
         with self._cond:
             self._stopped = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            return len(self._pending) + self.inflight.acking()
 
     def flush(self, batch: list[Done]) -> None:
         """Ack a batch of finished messages: one statement per queue and kind."""
@@ -89,6 +116,8 @@ class Acker:
                 ids = [t.msg.msg_id for t, _ in items]
                 self.log.error("message.ack_failed", queue=queue, msg_ids=ids, error=str(exc))
                 continue
+            finally:
+                self.inflight.acked([t for t, _ in items])
             for task, _ in items:
                 self.done(task)
 

@@ -58,6 +58,9 @@ class InFlight:
         self.concurrency = concurrency
         self._tasks: dict[tuple[str, int], Task] = {}
         self._stuck: set[Task | Batch] = set()
+        # Finished messages whose ack is on its way: their leases are kept
+        # alive like the running ones', so a slow ack cannot let them expire.
+        self._acking: dict[tuple[str, int], Task] = {}
         self._lock = threading.Lock()
         self.changed = threading.Event()  # set whenever a task leaves
 
@@ -100,6 +103,24 @@ class InFlight:
         self.changed.set()
         return recovered
 
+    def awaiting_ack(self, tasks: list[Task]) -> None:
+        """These finished messages wait for their ack: keep their leases alive until acked()."""
+        with self._lock:
+            for task in tasks:
+                self._acking[(task.msg.queue, task.msg.msg_id)] = task
+
+    def acked(self, tasks: list[Task]) -> None:
+        """These messages are acked (or their ack was given up): stop keeping their leases."""
+        with self._lock:
+            for task in tasks:
+                if self._acking.get((task.msg.queue, task.msg.msg_id)) is task:
+                    del self._acking[(task.msg.queue, task.msg.msg_id)]
+
+    def acking(self) -> int:
+        """How many finished messages wait for their ack."""
+        with self._lock:
+            return len(self._acking)
+
     def drop(self, task: Task) -> None:
         """Stop holding a message given back (its handler, if any, may still run)."""
         with self._lock:
@@ -112,7 +133,8 @@ class InFlight:
             if task.lease_lost:
                 return False
             task.lease_lost = True
-            return self._tasks.get((task.msg.queue, task.msg.msg_id)) is task
+            key = (task.msg.queue, task.msg.msg_id)
+            return self._tasks.get(key) is task or self._acking.get(key) is task
 
     def due(self, now: float, margin: float) -> tuple[list[Task], list[Task]]:
         """Leases running out within `margin`: (running ones to extend, waiting ones abandoned).
@@ -121,11 +143,8 @@ class InFlight:
         extending has waited too long: it is marked abandoned, to be given back.
         """
         with self._lock:
-            due = [
-                t
-                for t in self._tasks.values()
-                if not t.lease_lost and t.lease_until - now <= margin
-            ]
+            held = [*self._tasks.values(), *self._acking.values()]
+            due = [t for t in held if not t.lease_lost and t.lease_until - now <= margin]
             running = [t for t in due if t.running]
             waiting = [t for t in due if not t.running]
             for task in waiting:

@@ -20,6 +20,10 @@ from pgqueue._worker.inflight import Batch, InFlight, Task
 from pgqueue._worker.leases import DB_ERRORS
 from pgqueue._worker.settings import WorkerSettings
 
+# How many batches' worth of finished messages may wait for their acks before
+# the worker stops leasing more: a worker leases no more than it can ack.
+ACKS_BEHIND = 4
+
 
 class Reader:
     """Fills a worker's free capacity with reads; extra reader threads overlap their reads."""
@@ -54,8 +58,8 @@ class Reader:
         """How many more messages the worker may lease now (0: none until something finishes)."""
         s = self.settings
         healthy = self.inflight.healthy_threads()
-        if healthy <= 0:
-            return 0
+        if healthy <= 0 or self.inflight.acking() > ACKS_BEHIND * s.batch_size:
+            return 0  # no thread can start more, or the acks fell behind
         in_flight = len(self.inflight)
         free = healthy * self.unit + s.batch_size - in_flight
         if in_flight > healthy and free < max(1, s.batch_size // 2):

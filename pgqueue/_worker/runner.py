@@ -44,7 +44,7 @@ class Worker:
         *,
         clock: Clock | None = None,
     ) -> None:
-        """A worker over `client`'s pool (which needs concurrency + readers + 1 connections)."""
+        """A worker over `client`'s pool (which needs settings.pool_size connections)."""
         settings = settings or WorkerSettings()
         queues = settings.queues or tuple(app.handlers)
         missing = [q for q in queues if q not in app.handlers]
@@ -61,7 +61,7 @@ class Worker:
         self._forced = threading.Event()
         self.inflight = InFlight(s.concurrency)
         self.leases = Leases(self.db, self.inflight, s, self.clock, self.log)
-        self.acker = Acker(self.db, self.clock, self.log)
+        self.acker = Acker(self.db, self.inflight, self.clock, self.log)
         self.dispatcher = Dispatcher(
             s.concurrency,
             self.db,
@@ -198,7 +198,12 @@ class Worker:
             self.leases.heartbeat()
             self._wait_for_a_slot(min(0.2, max(deadline - self.clock.now(), 0)))
         released = self.leases.give_back_all("still running when the worker stopped")
-        self.acker.stop()
+        # what is left of the grace (a second at least) for the acks in flight
+        unacked = self.acker.stop(max(1.0, deadline - self.clock.now()))
+        if unacked:
+            self.log.warning(
+                "worker.acks_unfinished", count=unacked, advice="they come back after their vt"
+            )
         self.dispatcher.close()
         self.log.info("worker.stopped", handled=self.handled, released=released)
         return 130 if self._forced.is_set() else 0

@@ -69,6 +69,11 @@ class WorkerSettings:
             raise InvalidArgument("invalid worker settings: " + "; ".join(problems))
 
     @property
+    def pool_size(self) -> int:
+        """Connections the worker's pool needs: handler slots, readers, two ack threads, the loop."""
+        return self.concurrency + self.readers + 3
+
+    @property
     def batch_size(self) -> int:
         """Messages read per call."""
         return self.batch or self.concurrency

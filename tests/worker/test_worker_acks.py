@@ -1,0 +1,77 @@
+"""Acks that are slow cannot starve leases, and cannot keep a worker from stopping.
+
+The ack path is slowed for real: a trigger on pgqueue.message sleeps in
+every statement that deletes messages, for as long as the table slow_acks
+says.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+import psycopg
+from support import worker_app
+from support.db import wait_until
+from support.processes import count, prepare
+
+from pgqueue import Client, Worker, WorkerSettings
+
+SLOW_ACKS = """
+CREATE TABLE IF NOT EXISTS public.slow_acks (seconds float8);
+CREATE OR REPLACE FUNCTION public.slow_ack() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE s float8;
+BEGIN
+    SELECT seconds INTO s FROM public.slow_acks LIMIT 1;
+    IF s IS NOT NULL THEN PERFORM pg_sleep(s); END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER slow_ack AFTER DELETE ON pgqueue.message
+    FOR EACH STATEMENT EXECUTE FUNCTION public.slow_ack();
+"""
+
+
+def slow_acks(dsn: str, seconds: float | None) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SLOW_ACKS)
+        conn.execute("DELETE FROM public.slow_acks")
+        if seconds is not None:
+            conn.execute("INSERT INTO public.slow_acks VALUES (%s)", (seconds,))
+
+
+def test_messages_waiting_for_a_slow_ack_keep_their_leases(
+    dsn: str, client: Client, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    client.create_queue("jobs", max_attempts=5)
+    slow_acks(dsn, 3.0)  # longer than the vt
+    ids = client.send_batch("jobs", [{"n": i} for i in range(20)])
+    settings = WorkerSettings(queues=("jobs",), vt=2, concurrency=4, poll_interval=0.1)
+    with Client.from_dsn(dsn, max_size=settings.pool_size) as wc:
+        w = Worker(worker_app.app, wc, settings)
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        wait_until(lambda: count(dsn, "done") == 20, timeout=30)
+        wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=60)
+        w.stop()
+        t.join(30)
+    assert count(dsn, "start") == 20, "a message whose ack was slow was handed out again"
+    assert client.delete_many("jobs", ids) == []
+
+
+def test_a_worker_stops_within_its_grace_while_an_ack_is_stuck(dsn: str, spawn: Any) -> None:
+    with prepare(dsn) as client:
+        slow_acks(dsn, 60.0)
+        client.send_batch("jobs", [{"n": i} for i in range(5)])
+        w = spawn(dsn, "--shutdown-grace", "2", "--vt", "30")
+        wait_until(lambda: count(dsn, "done") == 5)
+        time.sleep(0.5)  # the ack is in its 60 s statement now
+        w.signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert w.wait(20) == 0
+        assert time.monotonic() - started < 6
+        assert w.events("worker.acks_unfinished")
