@@ -53,7 +53,7 @@ class Recorder:
 
 def sent_of(payload: Any) -> float:
     """The send time a producer put in the payload."""
-    if isinstance(payload, (bytes, bytearray)) or isinstance(payload, str):
+    if isinstance(payload, (bytes, bytearray, str)):
         payload = json.loads(payload)
     return float(payload["sent"])
 
