@@ -70,7 +70,7 @@ class WorkerSettings:
 
     @property
     def pool_size(self) -> int:
-        """Connections the worker's pool needs: handler slots, readers, two ack threads, the loop."""
+        """Connections the worker's pool needs: handlers, readers, two ack threads, the loop."""
         return self.concurrency + self.readers + 3
 
     @property
