@@ -115,6 +115,7 @@ class InFlight:
             for task in tasks:
                 if self._acking.get((task.msg.queue, task.msg.msg_id)) is task:
                     del self._acking[(task.msg.queue, task.msg.msg_id)]
+        self.changed.set()  # a reader held back by acks may read again
 
     def acking(self) -> int:
         """How many finished messages wait for their ack."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
@@ -20,9 +21,10 @@ from pgqueue._worker.inflight import Batch, InFlight, Task
 from pgqueue._worker.leases import DB_ERRORS
 from pgqueue._worker.settings import WorkerSettings
 
-# How many batches' worth of finished messages may wait for their acks before
-# the worker stops leasing more: a worker leases no more than it can ack.
-ACKS_BEHIND = 4
+# How many finished messages may wait for their acks before the worker stops
+# leasing more (a worker leases no more than it can ack): four full ack
+# batches, far more than a healthy acker ever has waiting.
+ACKS_BEHIND = 4 * Acker.MAX_BATCH
 
 
 class Reader:
@@ -58,7 +60,7 @@ class Reader:
         """How many more messages the worker may lease now (0: none until something finishes)."""
         s = self.settings
         healthy = self.inflight.healthy_threads()
-        if healthy <= 0 or self.inflight.acking() > ACKS_BEHIND * s.batch_size:
+        if healthy <= 0 or self.inflight.acking() > ACKS_BEHIND:
             return 0  # no thread can start more, or the acks fell behind
         in_flight = len(self.inflight)
         free = healthy * self.unit + s.batch_size - in_flight
@@ -111,4 +113,5 @@ class Reader:
             if self.fill():
                 continue
             # No room, or nothing visible: a short pause when busy, a poll when idle.
-            self.stopping.wait(0.002 if len(self.inflight) else self.settings.poll_interval)
+            busy = len(self.inflight) or self.inflight.acking()
+            self.stopping.wait(0.002 if busy else self.settings.poll_interval)

@@ -116,7 +116,8 @@ class Worker:
                     if listener:
                         listener.busy()
                     continue
-                if len(self.inflight):
+                if len(self.inflight) or self.inflight.acking():
+                    # busy: a slot or an ack frees soon (not the idle wait on LISTEN)
                     self._wait_for_a_slot(0.2)
                 elif listener:
                     listener.idle(s.poll_interval)

@@ -75,3 +75,28 @@ def test_a_worker_stops_within_its_grace_while_an_ack_is_stuck(dsn: str, spawn: 
         assert w.wait(20) == 0
         assert time.monotonic() - started < 6
         assert w.events("worker.acks_unfinished")
+
+
+def test_a_worker_held_back_by_its_acks_reads_again_when_they_land_not_at_its_next_poll(
+    dsn: str, client: Client, monkeypatch: Any
+) -> None:
+    from pgqueue._worker import reader
+
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    monkeypatch.setattr(reader, "ACKS_BEHIND", 4)  # held back after a few finished messages
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    client.create_queue("jobs", max_attempts=5)
+    slow_acks(dsn, 0.2)
+    client.send_batch("jobs", [{"n": i} for i in range(40)])
+    # a poll interval far longer than the test: only a wake-up by the acks can finish it
+    settings = WorkerSettings(queues=("jobs",), concurrency=4, poll_interval=60)
+    with Client.from_dsn(dsn, max_size=settings.pool_size) as wc:
+        w = Worker(worker_app.app, wc, settings)
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        try:
+            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=30)
+        finally:
+            w.stop()
+            t.join(30)
