@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+
+def logs_at(log: Any, level: int) -> bool:
+    """Whether `log` emits events at `level` (True when it cannot tell)."""
+    check = getattr(log, "is_enabled_for", None)
+    return bool(check(level)) if callable(check) else True
 
 
 def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:

@@ -38,7 +38,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
 @click.option("--dsn", default=None, metavar="DSN", help="Postgres DSN [$PGQUEUE_DSN].")
 @click.option("--queue", "queues", multiple=True, help="Queue to consume (repeat); default: all.")
 @click.option("--concurrency", type=int, default=None, help="Handlers running at once [4].")
-@click.option("--batch", type=int, default=None, help="Messages per read [= concurrency].")
+@click.option(
+    "--batch",
+    type=int,
+    default=None,
+    help="Messages that may wait locally for a handler [0: 25 ms of work, >= concurrency].",
+)
 @click.option(
     "--readers", type=int, default=None, help="Reads in flight at once, for fast handlers [1]."
 )

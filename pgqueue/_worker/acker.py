@@ -15,6 +15,7 @@ shutdown the acker is given what is left of the grace, not more.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 from pgqueue._calls import encode_json
 from pgqueue._connection import Connection
 from pgqueue._errors import InvalidMessage
+from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
@@ -52,6 +54,8 @@ class Acker:
         self.log = log
         self.interval = interval
         self.handled = 0
+        # One message's debug line costs a bound logger; none is made unless DEBUG is on.
+        self._debug = logs_at(log, logging.DEBUG)
         self._pending: list[Done] = []
         self._cond = threading.Condition()
         self._stopped = False
@@ -140,9 +144,10 @@ class Acker:
     def done(self, task: Task) -> None:
         """Count an acked message (and say so at DEBUG)."""
         self.handled += 1
-        message_log(self.log, task.msg).debug(
-            "message.acked", seconds=round(self.clock.now() - task.started, 3)
-        )
+        if self._debug:
+            message_log(self.log, task.msg).debug(
+                "message.acked", seconds=round(self.clock.now() - task.started, 3)
+            )
 
     def _json_or_none(self, msg: Message, result: Any) -> Any:
         try:

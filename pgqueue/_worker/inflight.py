@@ -63,6 +63,7 @@ class InFlight:
         self._acking: dict[tuple[str, int], Task] = {}
         self._lock = threading.Lock()
         self.changed = threading.Event()  # set whenever a task leaves
+        self.finished = 0  # handlers returned (or tasks dropped unstarted), ever
 
     def __len__(self) -> int:
         with self._lock:
@@ -100,6 +101,7 @@ class InFlight:
                 del self._tasks[(task.msg.queue, task.msg.msg_id)]
             recovered = task.unit in self._stuck
             self._stuck.discard(task.unit)
+            self.finished += 1
         self.changed.set()
         return recovered
 

@@ -1,10 +1,20 @@
-"""The worker's reads: lease as many messages as it can start, round-robin over its queues.
+"""The worker's reads: lease as many messages as it can start soon, round-robin over its queues.
 
-Back-pressure: up to `batch` messages wait locally beyond the ones running on
+Back-pressure: a prefetch of messages waits locally beyond the ones running on
 healthy handler threads (a thread held by a hung handler starts nothing), and
-a read waits until half a batch has room, so reads fetch whole batches instead
-of the few slots that just freed. With no healthy thread nothing is read: a
-worker leases no more than it can start.
+a read waits until half a prefetch has room, so reads fetch whole batches
+instead of the few slots that just freed. With no healthy thread nothing is
+read: a worker leases no more than it can start.
+
+The prefetch is `batch` when set. Unset, it is what the handlers finish in
+PREFETCH_SECONDS at the rate they finished lately: enough to keep them busy
+through a read's round trip (with 16 handlers of 1 ms, a prefetch of 16 left
+them idle a third of the time while the next read was on its way: 10.5k
+msg/s, against 13k with 64 or more waiting), and never fewer than the handler
+threads. Slow handlers get a small prefetch (a worker whose handlers take a
+second holds no more than its concurrency waiting), so a worker does not hoard
+leases that another worker would start sooner, and a message waits locally
+about PREFETCH_SECONDS at most.
 """
 
 from __future__ import annotations
@@ -25,6 +35,10 @@ from pgqueue._worker.settings import WorkerSettings
 # leasing more (a worker leases no more than it can ack): four full ack
 # batches, far more than a healthy acker ever has waiting.
 ACKS_BEHIND = 4 * Acker.MAX_BATCH
+
+PREFETCH_SECONDS = 0.025  # of work kept waiting locally, at the handlers' recent rate
+MAX_PREFETCH = 1000
+RATE_WINDOW = 0.5  # seconds over which that rate is measured
 
 
 class Reader:
@@ -53,18 +67,36 @@ class Reader:
         # A batch handler holds a whole read while it runs: room for one per thread.
         batched = any(app.handlers[q].batch for q in settings.queues)
         self.unit = settings.batch_size if batched else 1
+        # Batch handlers get `batch_size` messages a call, so it is also their prefetch.
+        self.adaptive = not batched and not settings.batch
+        self._prefetch = settings.batch_size
+        self._rate_at = clock.now()
+        self._rate_finished = 0
         self._turn = 0
         self._threads: list[threading.Thread] = []
 
+    def prefetch(self) -> int:
+        """How many messages may wait locally for a handler (beyond those running)."""
+        if not self.adaptive:
+            return self._prefetch
+        now = self.clock.now()
+        if now - self._rate_at >= RATE_WINDOW:
+            finished = self.inflight.finished
+            rate = (finished - self._rate_finished) / (now - self._rate_at)
+            self._rate_at, self._rate_finished = now, finished
+            wanted = int(rate * PREFETCH_SECONDS)
+            self._prefetch = min(MAX_PREFETCH, max(self.settings.concurrency, wanted))
+        return self._prefetch
+
     def room(self) -> int:
         """How many more messages the worker may lease now (0: none until something finishes)."""
-        s = self.settings
         healthy = self.inflight.healthy_threads()
         if healthy <= 0 or self.inflight.acking() > ACKS_BEHIND:
             return 0  # no thread can start more, or the acks fell behind
+        prefetch = self.prefetch()
         in_flight = len(self.inflight)
-        free = healthy * self.unit + s.batch_size - in_flight
-        if in_flight > healthy and free < max(1, s.batch_size // 2):
+        free = healthy * self.unit + prefetch - in_flight
+        if in_flight > healthy and free < max(1, prefetch // 2):
             return 0
         return max(free, 0)
 
@@ -78,7 +110,7 @@ class Reader:
                 break
             queue = s.queues[(self._turn + i) % len(s.queues)]
             try:
-                msgs = self.db.read(queue, s.vt, min(s.batch_size, free))
+                msgs = self.db.read(queue, s.vt, min(self.prefetch(), free))
             except DB_ERRORS as exc:
                 self.log.error("worker.read_failed", queue=queue, error=str(exc))
                 self.stopping.wait(s.poll_interval)

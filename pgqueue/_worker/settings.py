@@ -45,7 +45,7 @@ class WorkerSettings:
         if self.concurrency < 1:
             problems.append("concurrency must be >= 1")
         if self.batch < 0:
-            problems.append("batch must be >= 0 (0: same as concurrency)")
+            problems.append("batch must be >= 0 (0: a prefetch sized by the handlers' rate)")
         if self.readers < 1:
             problems.append("readers must be >= 1")
         if self.vt < 1:
@@ -75,7 +75,7 @@ class WorkerSettings:
 
     @property
     def batch_size(self) -> int:
-        """Messages read per call."""
+        """Messages a batch handler gets per call (the fixed prefetch, when batch is set)."""
         return self.batch or self.concurrency
 
     @classmethod

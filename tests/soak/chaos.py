@@ -678,7 +678,8 @@ def soak(cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workd
     proxy.close()
 
     # What one consumer can have finished but not yet acked when a fault hits:
-    # its running handlers, the messages waiting locally (batch = concurrency),
+    # its running handlers, the messages waiting locally (the prefetch: 25 ms of
+    # completions, under concurrency at the producers' 300 msg/s),
     # and one more read's worth that finished while the ack was being retried.
     held = cfg.concurrency * 3
     c = faults.counts

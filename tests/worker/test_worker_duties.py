@@ -143,3 +143,52 @@ def test_the_reader_leases_no_more_than_healthy_threads_can_start(
     assert reader.room() == 0  # a read waits until half a batch has room
     inflight.forget(hung[1])
     assert reader.room() == 2
+
+
+def test_the_prefetch_follows_the_handlers_rate_unless_batch_is_set(
+    client: Client, queue: str
+) -> None:
+    """Unset, the prefetch is 25 ms of completions (at least concurrency, at most 1,000)."""
+    client.send_batch(queue, list(range(300)))
+    app = App()
+    app.handler(queue)(noop)
+    clock, inflight = ManualClock(), InFlight(4)
+    submitted: list[Task] = []
+
+    class Collect:
+        def submit(self, tasks: list[Task], batch: Any) -> None:
+            inflight.add(tasks)
+            submitted.extend(tasks)
+
+    def reader(**settings: Any) -> Reader:
+        s = WorkerSettings(queues=(queue,), concurrency=4, **settings)
+        return Reader(app, s, WorkerDb(client), inflight, Collect(), threading.Event(), clock, LOG)  # type: ignore[arg-type]
+
+    def finish(n: int, seconds: float) -> None:
+        for _ in range(n):
+            inflight.finished += 1
+        clock.advance(seconds)
+
+    adaptive = reader()
+    assert adaptive.prefetch() == 4  # nothing measured yet: concurrency
+    assert adaptive.fill() == 4 and adaptive.fill() == 4  # running and waiting
+    finish(2, 0.5)  # slow handlers, 4 msg/s: 25 ms of them is 0.1
+    assert adaptive.prefetch() == 4
+    finish(4000, 0.5)  # fast handlers, 8,000 msg/s: 25 ms of them is 200
+    assert adaptive.prefetch() == 200
+    for task in submitted:
+        inflight.forget(task)
+    submitted.clear()
+    assert adaptive.fill() == 200  # one read takes the whole prefetch
+    finish(10**6, 0.5)
+    assert adaptive.prefetch() == 1000  # capped
+    finish(0, 0.5)  # idle: back to concurrency
+    assert adaptive.prefetch() == 4
+
+    fixed = reader(batch=6)
+    finish(4000, 0.5)
+    assert fixed.prefetch() == 6
+    app.handlers[queue] = Handler(queue, noop, transactional=False, is_async=False, batch=True)
+    batched = reader()  # a batch handler gets `concurrency` a call, whatever the rate
+    finish(4000, 0.5)
+    assert batched.prefetch() == 4
