@@ -12,6 +12,18 @@ in windows: the median completion rate of the windows, the claim latency
 (from the send to the handler's start) at p50 and p99, and the median depth.
 The consumers run each system the way its docs run one (see
 benchmarks/realistic_consumer.py).
+
+Two more sections, each its own invocation:
+
+    python -m benchmarks.realistic --private --paced 1000 --shapes 16x1
+    python -m benchmarks.realistic --private --analyze-at 30 --shapes 16x1
+
+--paced R: the producer sends R msg/s (a slice every 10 ms) instead of holding
+a depth, so the claim latency is the system's own, not the wait behind a
+backlog (holding 4,000 visible makes any FIFO queue's claim latency about
+4,000 / rate: Little's law). --analyze-at T: no warm-up; the database is
+ANALYZEd T seconds in; the table compares the median window of the first T
+seconds of a fresh database with that of the T seconds from 5 s after it.
 """
 
 from __future__ import annotations
@@ -139,6 +151,8 @@ class Cell:
     latencies: list[float] = field(default_factory=list)
     depths: list[float] = field(default_factory=list)
     error: str = ""
+    before_analyze: float = 0.0  # --analyze-at: median window before, and after
+    after_analyze: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -215,13 +229,25 @@ def run_cell(system: str, server: str, w: int, processes: int, args: argparse.Na
             measure_from = began + args.warmup
             end = measure_from + args.measure
             next_sample = measure_from
+            analyze_at = began + args.analyze_at if args.analyze_at else None
             while time.time() < end:
+                now = time.time()
                 done = tally.update()
                 depth = sent - done
-                if time.time() >= next_sample:
+                if now >= next_sample:
                     cell.depths.append(depth)
                     next_sample += 1.0
-                if depth < DEPTH:
+                if analyze_at is not None and now >= analyze_at:
+                    analyze_at = None
+                    with psycopg.connect(dsn, autocommit=True) as conn:
+                        conn.execute("ANALYZE")
+                if args.paced:
+                    due = int((now - began) * args.paced) - sent
+                    if due > 0:
+                        send(due)
+                        sent += due
+                    time.sleep(0.01)
+                elif depth < DEPTH:
                     n = min(500, DEPTH - depth)
                     send(n)
                     sent += n
@@ -256,6 +282,12 @@ def run_cell(system: str, server: str, w: int, processes: int, args: argparse.Na
             if 0 <= k < len(windows):
                 windows[k] += 1
         cell.rates = [n / args.window for n in windows]
+        if args.analyze_at:
+            per = int(args.analyze_at // args.window)
+            skip = int(5 // args.window)
+            before, after = windows[:per], windows[per + skip : 2 * per + skip]
+            cell.before_analyze = statistics.median(before) / args.window if before else 0.0
+            cell.after_analyze = statistics.median(after) / args.window if after else 0.0
     return cell
 
 
@@ -270,7 +302,13 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--shapes", default=",".join(f"{w}x{p}" for w, p in SHAPES))
     ap.add_argument("--out", default="realistic")
+    ap.add_argument("--paced", type=float, default=0, help="send R msg/s instead of a depth")
+    ap.add_argument(
+        "--analyze-at", type=float, default=0, help="ANALYZE T s in; compare before and after"
+    )
     args = ap.parse_args()
+    if args.analyze_at:
+        args.warmup, args.measure = 0, 2 * args.analyze_at + 5
     systems = args.systems.split(",")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     results: dict[tuple[str, int, int], list[Cell]] = {}
@@ -296,10 +334,15 @@ def main() -> None:
             go(server)
     else:
         go(args.dsn)
+    if args.analyze_at:
+        report_analyze(args, shapes, systems, results)
+        return
+    load = f"--paced {args.paced:g}" if args.paced else f"a depth of {DEPTH:,}"
     lines = [
         f"`python -m benchmarks.realistic {'--private ' if args.private else ''}--runs {args.runs}"
-        f" --warmup {args.warmup:g} --measure {args.measure:g}`: medians over runs of each cell's"
-        f" median {args.window:g} s window; claim latency is send to handler start.",
+        f" --warmup {args.warmup:g} --measure {args.measure:g}"
+        f"{f' --paced {args.paced:g}' if args.paced else ''}`: {load}; medians over runs of"
+        f" each cell's median {args.window:g} s window; claim latency is send to handler start.",
         "",
         "| W x processes | system | completions/s | vs PGMQ | claim p50 ms | claim p99 ms"
         " | depth | errors |",
@@ -320,6 +363,35 @@ def main() -> None:
                 f"| {w} x {procs} | {system} | {rate:,.0f} | {ratio} | {p50:,.0f} | {p99:,.0f}"
                 f" | {depth:,.0f} | {errors} |"
             )
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"{args.out}.md").write_text(text)
+    print(text)
+
+
+def report_analyze(
+    args: argparse.Namespace,
+    shapes: list[tuple[int, ...]],
+    systems: list[str],
+    results: dict[tuple[str, int, int], list[Cell]],
+) -> None:
+    """The first T seconds of a fresh database against the T seconds after an ANALYZE."""
+    t = args.analyze_at
+    lines = [
+        f"`python -m benchmarks.realistic {'--private ' if args.private else ''}--runs {args.runs}"
+        f" --analyze-at {t:g}`: a depth of {DEPTH:,}, no warm-up; the median {args.window:g} s"
+        f" window of the first {t:g} s of a fresh database, and of {t:g} s from 5 s after"
+        " an ANALYZE; medians over runs.",
+        "",
+        f"| W x processes | system | first {t:g} s, msg/s | after ANALYZE, msg/s | first / after |",
+        "|---|---|---|---|---|",
+    ]
+    for w, procs in shapes:
+        for system in systems:
+            cells = results[(system, w, procs)]
+            first = statistics.median(c.before_analyze for c in cells)
+            after = statistics.median(c.after_analyze for c in cells)
+            ratio = f"{first / after:.2f}" if after else "-"
+            lines.append(f"| {w} x {procs} | {system} | {first:,.0f} | {after:,.0f} | {ratio} |")
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{args.out}.md").write_text(text)
     print(text)
