@@ -251,6 +251,16 @@ def hold_leases(queue: str, leases: Sequence[tuple[int, int]]) -> Call[list[int]
     )
 
 
+def set_vt_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Call[list[int]]:
+    """Set vt seconds from now on the messages still leased as (msg_id, read_ct); their ids."""
+    return Call(
+        "set_vt",
+        "SELECT msg_id FROM pgqueue.set_vt(%s, %s::bigint[], %s, %s::integer[])",
+        (queue, [m for m, _ in leases], int32("vt", vt), [r for _, r in leases]),
+        column,
+    )
+
+
 def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMessage]]:
     """Live messages in msg_id order after after_msg_id, without leasing or changing them."""
     return Call(

@@ -44,6 +44,12 @@ class WorkerDb:
         """Make the message visible now; False when our lease was taken over."""
         return self.client.set_vt(msg.queue, msg.msg_id, 0, read_ct=msg.read_ct) is not None
 
+    def release_many(self, queue: str, msgs: Sequence[Message]) -> set[int]:
+        """Make these messages of one queue visible now; the ids whose lease was still ours."""
+        leases = [(m.msg_id, m.read_ct) for m in msgs]
+        ids: list[int] = self.client.run(_queue.set_vt_leases(queue, leases, 0))
+        return set(ids)
+
     def nack(self, msg: Message, delay: int, error: str) -> str | None:
         """Give a failed attempt back: "retry", "poisoned" (its last), or None (lease lost)."""
         return self.client.nack(

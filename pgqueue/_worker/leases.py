@@ -47,8 +47,7 @@ class Leases:
         """
         s = self.settings
         running, waiting = self.inflight.due(self.clock.now(), s.vt * (1 - s.heartbeat_fraction))
-        for task in waiting:
-            self.give_back(task, "waited a lease's worth for a handler")
+        self.give_back_many(waiting, "waited a lease's worth for a handler")
         for task in running:
             msg = task.msg
             try:
@@ -86,17 +85,49 @@ class Leases:
             )
             self.give_back_waiting("no handler thread can start it")
 
-    def give_back_waiting(self, why: str) -> None:
-        """Give back every message that waits locally and has not started."""
-        for task in self.inflight.abandon_waiting():
-            self.give_back(task, why)
+    def give_back_waiting(self, why: str) -> int:
+        """Give back every message that waits locally and has not started; how many."""
+        waiting = self.inflight.abandon_waiting()
+        self.give_back_many(waiting, why)
+        return len(waiting)
 
     def give_back_all(self, why: str) -> int:
         """Give back every message still held; how many."""
         left = self.inflight.abandon_all()
-        for task in left:
-            self.give_back(task, why)
+        self.give_back_many(left, why)
         return len(left)
+
+    def give_back_many(self, tasks: list[Task], why: str) -> None:
+        """give_back for many abandoned tasks: one statement per queue, one summary line.
+
+        A stopping worker may hold hundreds of prefetched messages; they go
+        back in one round trip per queue, not one each. Each is still logged
+        (`message.released`): at WARNING when its handler had started, at
+        DEBUG when it had only waited.
+        """
+        by_queue: dict[str, list[Task]] = {}
+        for task in tasks:
+            self.inflight.drop(task)
+            if not task.lease_lost:
+                by_queue.setdefault(task.msg.queue, []).append(task)
+        released = 0
+        for queue, group in by_queue.items():
+            try:
+                ours = self.db.release_many(queue, [t.msg for t in group])
+            except DB_ERRORS as exc:
+                ids = [t.msg.msg_id for t in group]
+                self.log.error("message.release_failed", queue=queue, msg_ids=ids, error=str(exc))
+                continue
+            for task in group:
+                if task.msg.msg_id not in ours:
+                    self.lost(task)
+                    continue
+                released += 1
+                mlog = message_log(self.log, task.msg)
+                log = mlog.warning if task.running else mlog.debug
+                log("message.released", why=why, started=task.running)
+        if tasks:
+            self.log.info("worker.gave_back", count=released, of=len(tasks), why=why)
 
     def give_back(self, task: Task, why: str) -> None:
         """Make an abandoned task's message visible to others now, if our lease is still current."""

@@ -204,12 +204,12 @@ class Worker:
         s = self.settings
         self.log.info("worker.stopping", in_flight=len(self.inflight), grace=s.shutdown_grace)
         # Nothing starts once stopping (InFlight.begin): what waits locally goes back now.
-        self.leases.give_back_waiting("the worker is stopping")
+        released = self.leases.give_back_waiting("the worker is stopping")
         deadline = self.clock.now() + (0 if self._forced.is_set() else s.shutdown_grace)
         while len(self.inflight) and self.clock.now() < deadline and not self._forced.is_set():
             self.leases.heartbeat()
             self._wait_for_a_slot(min(0.2, max(deadline - self.clock.now(), 0)))
-        released = self.leases.give_back_all("still running when the worker stopped")
+        released += self.leases.give_back_all("still running when the worker stopped")
         # what is left of the grace (a second at least) for the acks in flight
         unacked = self.acker.stop(max(1.0, deadline - self.clock.now()))
         if unacked:

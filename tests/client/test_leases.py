@@ -150,6 +150,44 @@ def test_hold_leases_locks_only_current_leases_until_commit(
     assert client.delete(queue, y.msg_id)
 
 
+def test_set_vt_of_many_leases_moves_only_the_current_ones_in_one_call(
+    client: Client, sql: Any, queue: str
+) -> None:
+    client.send_batch(queue, ["x", "y", "z"])
+    [x] = client.read(queue, vt=30, qty=1)
+    expire_all(sql)
+    msgs = {m.msg_id: m for m in client.read(queue, vt=30, qty=3)}
+    others = [m for i, m in msgs.items() if i != x.msg_id]
+    ids = [x.msg_id, *(m.msg_id for m in others)]
+    read_cts = [x.read_ct, *(m.read_ct for m in others)]  # x's lease (read_ct 1) is stale
+    rows = sql.execute(
+        "SELECT msg_id, read_ct FROM pgqueue.set_vt(%s, %s::bigint[], 0, %s::integer[])",
+        (queue, ids, read_cts),
+    ).fetchall()
+    assert sorted(rows) == sorted((m.msg_id, m.read_ct) for m in others)
+    visible = {m.msg_id for m in client.read(queue, vt=30, qty=3)}
+    assert visible == {m.msg_id for m in others}  # x stays with its current holder
+
+
+@pytest.mark.parametrize(
+    ("ids", "read_cts", "vt", "error"),
+    [
+        ("{1,2}", "{1}", 0, "msg_ids and read_cts must be given, with the same length"),
+        ("{1}", None, 0, "msg_ids and read_cts must be given, with the same length"),
+        ("{1}", "{NULL}", 0, "read_ct must not be NULL"),
+        ("{1}", "{1}", -1, "vt"),
+    ],
+)
+def test_set_vt_of_many_leases_refuses_what_names_no_lease(
+    sql: Any, queue: str, ids: str, read_cts: str | None, vt: int, error: str
+) -> None:
+    with pytest.raises(psycopg.Error, match=error):
+        sql.execute(
+            "SELECT * FROM pgqueue.set_vt(%s, %s::bigint[], %s, %s::integer[])",
+            (queue, ids, vt, read_cts),
+        )
+
+
 # -- acks are unfenced: what a stale holder's ack does, and why that is safe ---
 
 

@@ -117,6 +117,22 @@ def test_after_a_stop_signal_no_message_waiting_locally_starts(dsn: str, spawn: 
         assert [m.read_ct for m in again] == [2, 2]  # leased once, given back at the signal
 
 
+def test_a_stopping_worker_gives_back_its_whole_prefetch_at_once(dsn: str, spawn: Any) -> None:
+    with prepare(dsn) as client:
+        client.send_batch("jobs", [{"sleep": 0.5}] * 40)
+        w = spawn(dsn, "--concurrency", "2", "--batch", "30", "--vt", "30")
+        wait_until(lambda: count(dsn, "start") == 2)
+        time.sleep(0.3)  # 2 running, most of a prefetch of 30 waiting
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        [gave] = [e for e in w.events("worker.gave_back") if e["why"] == "the worker is stopping"]
+        assert gave["count"] == gave["of"] >= 20
+        assert (count(dsn, "start"), count(dsn, "done")) == (2, 2)
+        again = client.read("jobs", vt=30, qty=100)  # all visible at once, none lost
+        assert len(again) == 38
+        assert sum(m.read_ct == 2 for m in again) == gave["count"]
+
+
 def test_a_read_that_poison_drops_a_message_logs_one_line_for_it(
     client: Client, queue: str, captured_logs: list[dict[str, Any]]
 ) -> None:
