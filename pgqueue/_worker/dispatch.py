@@ -23,6 +23,9 @@ from pgqueue._worker.inflight import Batch, InFlight, Task, message_log
 from pgqueue._worker.leases import Leases
 from pgqueue.types import Message
 
+# Why a message that waited locally past its lease goes back instead of starting.
+EXPIRED = "its lease ran out while it waited (the worker was stalled)"
+
 
 class LeaseLost(Exception):
     """Our lease on a message was taken over: roll back what its handler wrote."""
@@ -114,7 +117,10 @@ class Dispatcher:
 
     def _process(self, task: Task) -> None:
         msg, handler = task.msg, task.handler
-        if not self.inflight.begin([task], self.stopping, self.clock.now()):
+        started, expired = self.inflight.begin([task], self.stopping, self.clock.now())
+        if expired:
+            self.leases.give_back_many(expired, EXPIRED)
+        if not started:
             return  # given back, or left for the shutdown to give back
         try:
             if handler.transactional:
@@ -139,7 +145,9 @@ class Dispatcher:
             self._forget(task)
 
     def _process_batch(self, batch: Batch) -> None:
-        tasks = self.inflight.begin(batch.tasks, self.stopping, self.clock.now())
+        tasks, expired = self.inflight.begin(batch.tasks, self.stopping, self.clock.now())
+        if expired:
+            self.leases.give_back_many(expired, EXPIRED)
         if not tasks:
             for task in batch.tasks:
                 if task.abandoned:

@@ -80,16 +80,28 @@ class InFlight:
             for task in tasks:
                 self._tasks[(task.msg.queue, task.msg.msg_id)] = task
 
-    def begin(self, tasks: list[Task], stopping: threading.Event, now: float) -> list[Task]:
-        """Mark tasks started and return them; none once the worker is stopping."""
+    def begin(
+        self, tasks: list[Task], stopping: threading.Event, now: float
+    ) -> tuple[list[Task], list[Task]]:
+        """Mark tasks started: (started, expired); none start once the worker is stopping.
+
+        A task whose lease ran out while it waited (the process was stalled:
+        SIGSTOP, a frozen container, a swap storm) does not start: another
+        reader may hold the message by now. It is marked abandoned and
+        returned as expired, to be given back (fenced) by the caller.
+        """
         with self._lock:
             if stopping.is_set():
-                return []
-            started = [t for t in tasks if not t.abandoned]
+                return [], []
+            live = [t for t in tasks if not t.abandoned]
+            expired = [t for t in live if t.lease_until <= now]
+            started = [t for t in live if t.lease_until > now]
+            for task in expired:
+                task.abandoned = True
             for task in started:
                 task.started = now  # the hard timeout counts from here
                 task.running = True
-        return started
+        return started, expired
 
     def forget(self, task: Task) -> bool:
         """The task's handler returned (or it never started): drop it; True if its thread was held.

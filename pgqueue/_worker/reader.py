@@ -109,13 +109,15 @@ class Reader:
             if self.stopping.is_set() or free <= 0:
                 break
             queue = s.queues[(self._turn + i) % len(s.queues)]
+            # The lease runs from before the read: its end as the worker
+            # knows it is never later than the server's vt.
+            read_at = self.clock.now()
             try:
                 msgs = self.db.read(queue, s.vt, min(self.prefetch(), free))
             except DB_ERRORS as exc:
                 self.log.error("worker.read_failed", queue=queue, error=str(exc))
                 self.stopping.wait(s.poll_interval)
                 continue
-            read_at = self.clock.now()
             handler = self.app.handlers[queue]
             tasks = [Task(msg, handler, read_at, read_at + s.vt) for msg in msgs]
             batch = Batch(tasks) if handler.batch and tasks else None

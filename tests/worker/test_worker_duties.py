@@ -60,7 +60,7 @@ def test_a_running_lease_is_extended_only_once_its_margin_is_reached(
     client.send(queue, 1)
     clock, inflight, leases, _ = duties(client, vt=100, heartbeat_fraction=0.5)
     [task] = hold(client, inflight, clock, vt=100)
-    assert inflight.begin([task], threading.Event(), clock.now()) == [task]
+    assert inflight.begin([task], threading.Event(), clock.now()) == ([task], [])
     client.set_vt(queue, task.msg.msg_id, 80, read_ct=task.msg.read_ct)  # the server's lease
     clock.advance(49)  # 51 s left on the worker's clock: more than the 50 s margin
     leases.heartbeat()
@@ -83,6 +83,19 @@ def test_a_message_waiting_a_lease_worth_for_a_handler_is_given_back_not_extende
     assert waiting.abandoned and len(inflight) == 1
     assert [m.msg_id for m in client.read(queue, vt=30, qty=5)] == [waiting.msg.msg_id]
     assert vt_left(client, sql, running.msg.msg_id) > 95  # the running one was extended
+
+
+def test_a_message_whose_lease_ran_out_while_it_waited_does_not_start(
+    client: Client, queue: str
+) -> None:
+    """After a stall longer than the vt, what waited locally may be another reader's now."""
+    client.send_batch(queue, [1, 2])
+    clock, inflight, _, _ = duties(client, vt=10)
+    early, late = hold(client, inflight, clock, vt=10, n=2)
+    late.lease_until = clock.now() + 20  # read later, in a second read
+    clock.advance(10)  # the process was stopped past the first read's vt
+    started, expired = inflight.begin([early, late], threading.Event(), clock.now())
+    assert (started, expired) == ([late], [early]) and early.abandoned and not early.running
 
 
 def test_a_handler_past_the_hard_timeout_is_given_back_and_holds_its_thread_until_it_returns(
@@ -131,7 +144,7 @@ def test_the_reader_leases_no_more_than_healthy_threads_can_start(
     )
     assert reader.room() == 2 + 4  # two running and a batch waiting
     assert reader.fill() == 4 and reader.fill() == 2 and reader.fill() == 0
-    running = inflight.begin(submitted[:2], threading.Event(), clock.now())
+    running, _ = inflight.begin(submitted[:2], threading.Event(), clock.now())
     assert reader.room() == 0
     clock.advance(100)
     hung = inflight.hung(clock.now(), 10)  # both running handlers hang

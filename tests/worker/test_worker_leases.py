@@ -133,6 +133,46 @@ def test_a_stopping_worker_gives_back_its_whole_prefetch_at_once(dsn: str, spawn
         assert sum(m.read_ct == 2 for m in again) == gave["count"]
 
 
+def test_a_worker_resumed_after_a_stall_starts_none_of_what_another_reader_took_over(
+    dsn: str, spawn: Any, monkeypatch: Any
+) -> None:
+    """SIGSTOP past the vt, another reader takes the prefetched messages, SIGCONT.
+
+    After SIGCONT two threads race: the loop's heartbeat gives the expired
+    waiting messages back, and the handler thread that finished looks for its
+    next message. Here the heartbeat usually wins; InFlight.begin refuses an
+    expired lease for when it does not (test_worker_duties pins that alone).
+    """
+    # A late heartbeat margin (0.4 s of a 4 s vt): the waiting messages are
+    # still held, not yet given back for waiting too long, when the stop hits.
+    monkeypatch.setenv("PGQUEUE_HEARTBEAT_FRACTION", "0.9")
+    with prepare(dsn) as client:
+        ids = client.send_batch("jobs", [{"sleep": 1}] * 12)
+        w = spawn(dsn, "--concurrency", "1", "--batch", "10", "--vt", "4")
+        wait_until(lambda: count(dsn, "start") == 1)
+        w.p.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(4.5)  # every lease the stalled worker holds has run out
+            taken = client.read("jobs", vt=60, qty=20)  # another reader takes them all
+            assert len(taken) >= 10
+        finally:
+            w.p.send_signal(signal.SIGCONT)
+        time.sleep(2)  # the resumed worker finishes its running handler, starts nothing taken
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        with psycopg.connect(dsn) as conn:
+            started = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT msg_id FROM handled WHERE event = 'start' ORDER BY at"
+                )
+            ]
+        # Only the message running when the worker was stopped ran; it was
+        # taken over mid-run, which at-least-once allows. None that waited did.
+        assert len(started) == 1, f"the resumed worker started {started[1:]} (another's)"
+        assert started[0] in ids and {m.msg_id for m in taken} <= set(ids)
+
+
 def test_a_read_that_poison_drops_a_message_logs_one_line_for_it(
     client: Client, queue: str, captured_logs: list[dict[str, Any]]
 ) -> None:
