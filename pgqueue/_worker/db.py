@@ -40,10 +40,6 @@ class WorkerDb:
         """Extend our lease by vt seconds; False when another reader holds it now."""
         return self.client.set_vt(msg.queue, msg.msg_id, vt, read_ct=msg.read_ct) is not None
 
-    def release(self, msg: Message) -> bool:
-        """Make the message visible now; False when our lease was taken over."""
-        return self.client.set_vt(msg.queue, msg.msg_id, 0, read_ct=msg.read_ct) is not None
-
     def release_many(self, queue: str, msgs: Sequence[Message]) -> set[int]:
         """Make these messages of one queue visible now; the ids whose lease was still ours."""
         leases = [(m.msg_id, m.read_ct) for m in msgs]

@@ -76,7 +76,7 @@ class Leases:
                 running_for=round(now - task.started, 1),
                 hard_timeout=self.settings.hard_timeout,
             )
-            self.give_back(task, "hung")
+        self.give_back_many(hung, "hung")
         if hung and self.inflight.healthy_threads() <= 0:
             self.log.error(
                 "worker.stuck",
@@ -98,7 +98,7 @@ class Leases:
         return len(left)
 
     def give_back_many(self, tasks: list[Task], why: str) -> None:
-        """give_back for many abandoned tasks: one statement per queue, one summary line.
+        """Make abandoned tasks' messages visible now where our leases are still current.
 
         A stopping worker may hold hundreds of prefetched messages; they go
         back in one round trip per queue, not one each. Each is still logged
@@ -128,22 +128,6 @@ class Leases:
                 log("message.released", why=why, started=task.running)
         if tasks:
             self.log.info("worker.gave_back", count=released, of=len(tasks), why=why)
-
-    def give_back(self, task: Task, why: str) -> None:
-        """Make an abandoned task's message visible to others now, if our lease is still current."""
-        self.inflight.drop(task)
-        if task.lease_lost:
-            return
-        msg = task.msg
-        try:
-            released = self.db.release(msg)
-        except DB_ERRORS as exc:
-            message_log(self.log, msg).error("message.release_failed", error=str(exc))
-            return
-        if released:
-            message_log(self.log, msg).warning("message.released", why=why, started=task.running)
-        else:
-            self.lost(task)
 
     def nack(self, task: Task, exc: Exception) -> None:
         """Give the failed attempt back with a backoff; its last one goes to the poison table."""
