@@ -32,6 +32,7 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
             "set_vt",
             "nack",
             "hold_leases",
+            "extend_leases",
             "poison",
             "listen",
             "unlisten",

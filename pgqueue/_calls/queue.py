@@ -261,6 +261,20 @@ def set_vt_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Cal
     )
 
 
+def extend_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Call[dict[int, bool]]:
+    """Extend the leases still current as (msg_id, read_ct) by vt s, never waiting for a lock.
+
+    msg_id -> True when extended, False when its row is locked by another
+    transaction (try again); a lease taken over or gone is absent.
+    """
+    return Call(
+        "extend_leases",
+        "SELECT msg_id, extended FROM pgqueue.extend_leases(%s, %s::bigint[], %s::integer[], %s)",
+        (queue, [m for m, _ in leases], [r for _, r in leases], int32("vt", vt)),
+        lambda rows: {int(m): bool(e) for m, e in rows},
+    )
+
+
 def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMessage]]:
     """Live messages in msg_id order after after_msg_id, without leasing or changing them."""
     return Call(

@@ -36,9 +36,15 @@ class WorkerDb:
         """Lease up to qty messages for vt seconds."""
         return self.client.read(queue, vt=vt, qty=qty)
 
-    def extend(self, msg: Message, vt: int) -> bool:
-        """Extend our lease by vt seconds; False when another reader holds it now."""
-        return self.client.set_vt(msg.queue, msg.msg_id, vt, read_ct=msg.read_ct) is not None
+    def extend_many(self, queue: str, msgs: Sequence[Message], vt: int) -> dict[int, bool]:
+        """Extend our leases of one queue by vt s: id -> extended, or False if its row was busy.
+
+        Never waits for a row lock (an ack of ours still running holds one); a
+        lease another reader holds now, or a message gone, is absent.
+        """
+        return self.client.run(
+            _queue.extend_leases(queue, [(m.msg_id, m.read_ct) for m in msgs], vt)
+        )
 
     def release_many(self, queue: str, msgs: Sequence[Message]) -> set[int]:
         """Make these messages of one queue visible now; the ids whose lease was still ours."""

@@ -8,12 +8,14 @@ alone for good.
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import psycopg
 
 from pgqueue._errors import PgQueueError, Retry
+from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
@@ -38,28 +40,41 @@ class Leases:
         self.clock = clock
         self.log = log
         self.max_attempts: dict[str, int] = {}
+        self._debug = logs_at(log, logging.DEBUG)  # a heartbeat's line per message only then
 
     def heartbeat(self) -> None:
         """Extend the leases of running messages that used up part of their vt.
 
-        Only running ones: a message waiting locally whose lease would need
-        extending has waited too long for a handler, and goes back to the queue.
+        Only running ones (and finished ones waiting for their ack): a message
+        waiting locally whose lease would need extending has waited too long
+        for a handler, and goes back to the queue. One statement per queue,
+        which never waits for a row lock: a lease whose row is locked (our own
+        ack still running) is tried again at the next tick, not waited for.
         """
         s = self.settings
         running, waiting = self.inflight.due(self.clock.now(), s.vt * (1 - s.heartbeat_fraction))
         self.give_back_many(waiting, "waited a lease's worth for a handler")
+        by_queue: dict[str, list[Task]] = {}
         for task in running:
-            msg = task.msg
+            by_queue.setdefault(task.msg.queue, []).append(task)
+        for queue, group in by_queue.items():
+            sent = self.clock.now()  # the new lease ends no earlier than this + vt
             try:
-                extended = self.db.extend(msg, s.vt)
+                extended = self.db.extend_many(queue, [t.msg for t in group], s.vt)
             except DB_ERRORS as exc:
-                message_log(self.log, msg).error("message.heartbeat_failed", error=str(exc))
+                ids = [t.msg.msg_id for t in group]
+                self.log.error("message.heartbeat_failed", queue=queue, msg_ids=ids, error=str(exc))
                 continue
-            task.lease_until = self.clock.now() + s.vt
-            if extended:
-                message_log(self.log, msg).debug("message.heartbeat", vt=s.vt)
-            else:
-                self.lost(task)
+            for task in group:
+                done = extended.get(task.msg.msg_id)
+                if done:
+                    task.lease_until = sent + s.vt
+                    if self._debug:
+                        message_log(self.log, task.msg).debug("message.heartbeat", vt=s.vt)
+                elif done is None:
+                    self.lost(task)
+                # False: its row is locked (our ack still running, or a reader
+                # taking it over): tried again at the next tick
 
     def lost(self, task: Task) -> None:
         """Our lease on the message is gone: say so once, and never touch that lease again."""

@@ -51,6 +51,7 @@ INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.set_vt(text,bigint,integer,text)', '{pgqueue_consumer}'),
     ('pgqueue.set_vt(text,bigint,integer,text,integer)', '{pgqueue_consumer}'),
     ('pgqueue.set_vt(text,bigint[],integer,integer[])', '{pgqueue_consumer}'),
+    ('pgqueue.extend_leases(text,bigint[],integer[],integer)', '{pgqueue_consumer}'),
     ('pgqueue.unlisten(text)', '{pgqueue_consumer}'),
     ('pgqueue.barrier_status(text)', '{pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.expire_barriers()', '{pgqueue_consumer,pgqueue_operator}'),

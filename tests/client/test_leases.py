@@ -188,6 +188,56 @@ def test_set_vt_of_many_leases_refuses_what_names_no_lease(
         )
 
 
+def seconds_left(sql: Any, msg_id: int) -> float:
+    row = sql.execute(
+        "SELECT extract(epoch FROM vt - clock_timestamp()) FROM pgqueue.message WHERE msg_id = %s",
+        (msg_id,),
+    ).fetchone()
+    return float(row[0])
+
+
+EXTEND = "SELECT * FROM pgqueue.extend_leases(%s, %s::bigint[], %s::integer[], %s)"
+
+
+def test_extend_leases_extends_the_current_skips_the_locked_and_omits_the_lost(
+    client: Client, sql: Any, dsn: str, queue: str
+) -> None:
+    """The heartbeat's call: never waits for a lock, and says which leases to try again."""
+    client.send_batch(queue, ["lost", "locked", "free"])
+    [lost] = client.read(queue, vt=30, qty=1)
+    expire_all(sql)
+    msgs = {m.msg_id: m for m in client.read(queue, vt=30, qty=3)}
+    locked, free = (m for i, m in sorted(msgs.items()) if i != lost.msg_id)
+    leases = [lost, locked, free]
+    with psycopg.connect(dsn) as ack:  # an ack still running holds its row
+        ack.execute("DELETE FROM pgqueue.message WHERE msg_id = %s", (locked.msg_id,))
+        sql.execute("SET lock_timeout = '5s'")  # a wait would fail the test, not hang it
+        rows = sql.execute(
+            EXTEND, (queue, [m.msg_id for m in leases], [m.read_ct for m in leases], 600)
+        ).fetchall()
+        sql.execute("RESET lock_timeout")
+        assert sorted(rows) == [(locked.msg_id, False), (free.msg_id, True)]
+    assert seconds_left(sql, free.msg_id) > 590
+    assert seconds_left(sql, lost.msg_id) < 31  # the second reader's lease, untouched
+    rows = sql.execute(EXTEND, (queue, [locked.msg_id], [locked.read_ct], 600)).fetchall()
+    assert rows == []  # the ack committed: gone, not to be tried again
+
+
+@pytest.mark.parametrize(
+    ("ids", "read_cts", "vt", "error"),
+    [
+        ("{1,2}", "{1}", 30, "msg_ids and read_cts must be given, with the same length"),
+        ("{1}", "{NULL}", 30, "read_ct must not be NULL"),
+        ("{1}", "{1}", -1, "vt"),
+    ],
+)
+def test_extend_leases_refuses_what_names_no_lease(
+    sql: Any, queue: str, ids: str, read_cts: str | None, vt: int, error: str
+) -> None:
+    with pytest.raises(psycopg.Error, match=error):
+        sql.execute(EXTEND, (queue, ids, read_cts, vt))
+
+
 # -- acks are unfenced: what a stale holder's ack does, and why that is safe ---
 
 

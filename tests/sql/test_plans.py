@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 QUEUE = "plans"
+EXTEND = "SELECT * FROM pgqueue.extend_leases(%s, %s::bigint[], %s::integer[], 30)"
 
 
 def churn(dsn: str, n: int) -> None:
@@ -77,14 +78,20 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
         conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
         conn.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,))
         # first calls: the generic plans are made now, on a tiny table
-        ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))]
+        rows = conn.execute("SELECT msg_id, read_ct FROM pgqueue.read(%s, 30, 10)", (QUEUE,))
+        ids, cts = map(list, zip(*rows.fetchall(), strict=True))
+        conn.execute(EXTEND, (QUEUE, ids, cts))
         conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
         churn(dsn, 30_000)
-        rows, read_plans = explained(conn, "SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))
-        ids = [r[0] for r in rows]
+        rows, read_plans = explained(
+            conn, "SELECT msg_id, read_ct FROM pgqueue.read(%s, 30, 10)", (QUEUE,)
+        )
+        ids, cts = map(list, zip(*rows, strict=True))
         assert len(ids) == 10
+        extended, beat_plans = explained(conn, EXTEND, (QUEUE, ids, cts))
+        assert sorted(extended) == sorted((i, True) for i in ids)
         _, ack_plans = explained(conn, "SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
-    for plan in read_plans + ack_plans:
+    for plan in read_plans + beat_plans + ack_plans:
         assert "Seq Scan on message" not in plan, plan
         assert "Bitmap" not in plan or "message" not in plan, plan
         # an index scan of the primary key names both of its columns
@@ -92,6 +99,8 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
             assert "msg_id" in cond, plan
     assert any("Tid Scan on message" in p for p in read_plans), "the lease finds its rows by ctid"
     assert any("Tid Scan on message" in p for p in ack_plans), "the ack finds its rows by ctid"
+    assert any("Tid Scan on message" in p for p in beat_plans), "the heartbeat finds them by ctid"
     # 30,000 messages' worth of dead index entries and rows sit in the queue
     assert top_buffers(read_plans, "pgqueue.read(") < 400
     assert top_buffers(ack_plans, "pgqueue.delete(") < 300
+    assert top_buffers(beat_plans, "pgqueue.extend_leases(") < 300

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg
 import structlog
 
 from pgqueue import App, Client, Message, WorkerSettings
@@ -205,3 +206,36 @@ def test_the_prefetch_follows_the_handlers_rate_unless_batch_is_set(
     batched = reader()  # a batch handler gets `concurrency` a call, whatever the rate
     finish(4000, 0.5)
     assert batched.prefetch() == 4
+
+
+def test_a_heartbeat_does_not_wait_behind_a_slow_ack_of_a_message_it_holds(
+    client: Client, dsn: str, sql: Any, queue: str
+) -> None:
+    """An ack still running holds its row's lock; the other leases are extended meanwhile.
+
+    It failed first: the heartbeat waited on the acked row's lock for as long
+    as the ack ran, and the messages behind it in the acker's queue ran out
+    of their leases and were handed out again.
+    """
+    client.send_batch(queue, [1, 2])
+    clock, inflight, leases, _ = duties(client, vt=100, heartbeat_fraction=0.5)
+    acking, waiting_ack = hold(client, inflight, clock, vt=100, n=2)
+    for task in (acking, waiting_ack):
+        inflight.begin([task], threading.Event(), clock.now())
+        inflight.forget(task)
+    inflight.awaiting_ack([acking, waiting_ack])
+    with psycopg.connect(dsn) as ack:  # our own ack, its statement not finished yet
+        ack.execute("DELETE FROM pgqueue.message WHERE msg_id = %s", (acking.msg.msg_id,))
+        clock.advance(51)
+        beat = threading.Thread(target=leases.heartbeat)
+        beat.start()
+        beat.join(10)
+        blocked = beat.is_alive()
+        ack.rollback()  # an ack that failed: the message is ours again, its lease too
+    beat.join()
+    assert not blocked, "the heartbeat waited for the ack's row lock"
+    assert vt_left(client, sql, waiting_ack.msg.msg_id) > 95
+    assert not acking.lease_lost and not waiting_ack.lease_lost
+    clock.advance(1)
+    leases.heartbeat()  # the lock is gone: the skipped lease is extended now
+    assert vt_left(client, sql, acking.msg.msg_id) > 95
