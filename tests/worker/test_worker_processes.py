@@ -137,13 +137,15 @@ def test_a_worker_started_while_the_server_is_down_waits_for_it(
         prepare(target).close()
         cluster.stop()
         w = spawn(target, "--startup-timeout", "60")
-        time.sleep(3)  # down for 3 s: the worker waits, saying so
+        # down until the worker has said it waits (its start-up alone can take
+        # seconds on a loaded machine: a fixed sleep let the server come back first)
+        wait_until(lambda: w.events("database.waiting"), timeout=30)
+        time.sleep(1)
         assert w.p.poll() is None, w.log.read_text()
         cluster.start()
         with Client.from_dsn(target) as client:
             client.send("jobs", {"n": 1})
             wait_until(lambda: count(target, "done") == 1, timeout=30)
-        assert w.events("database.waiting")
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
 
