@@ -95,19 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m examples.albums")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("produce", help="fan out albums of thumbnail jobs")
+    p.add_argument(
+        "--dsn", default=None, help="Postgres DSN [default: $PGQUEUE_DSN, then $DATABASE_URL]"
+    )
     p.add_argument("--albums", type=int, default=int(os.environ.get("EXAMPLE_ALBUMS", "10")))
     p.add_argument("--photos", type=int, default=int(os.environ.get("EXAMPLE_PHOTOS", "50")))
     p.add_argument(
         "--every", type=float, default=float(os.environ.get("EXAMPLE_EVERY_SECONDS", "1"))
     )
     args = ap.parse_args(argv)
-    dsn = os.environ.get("PGQUEUE_DSN")
-    if not dsn:
-        print("examples.albums: error: set PGQUEUE_DSN", file=sys.stderr)
+    try:
+        # None: $PGQUEUE_DSN, then $DATABASE_URL, as the pgqueue command finds it.
+        # Behind PgBouncer, PGQUEUE_PREPARE_THRESHOLD=off turns prepared statements off.
+        with pgqueue.Client.from_dsn(args.dsn, max_size=2) as client:
+            barriers = produce(client, args.albums, args.photos, args.every)
+    except pgqueue.PgQueueError as exc:
+        print(f"examples.albums: error: {exc}", file=sys.stderr)
         return 1
-    # Behind PgBouncer, PGQUEUE_PREPARE_THRESHOLD=off turns prepared statements off.
-    with pgqueue.Client.from_dsn(dsn, max_size=2) as client:
-        barriers = produce(client, args.albums, args.photos, args.every)
     print(f"fanned out {len(barriers)} album(s) of {args.photos} photos: barriers {barriers}")
     return 0
 
