@@ -4,7 +4,7 @@ No duty of the worker reaches into the client's pool or runs SQL of its own:
 they call these methods, and each is one call of the SQL API (retried on a
 dead connection by the client, except inside a handler's transaction).
 Lease changes are fenced by the read_ct of the read that leased the
-message; acks are not (README, "Leases: fenced, and acks not").
+message; acks are not (docs/sql.md, "Leases: fenced, and acks not").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 -- read_ct the read returned: extending, nacking, releasing and poisoning take
 -- it and change nothing once another reader has taken the message over. Acks
 -- (delete, archive) are not fenced: an ack says the work was done, and the
--- first wins (README, "Leases: fenced, and acks not").
+-- first wins (docs/sql.md, "Leases: fenced, and acks not").
 --
 -- The read lanes, a read that survives MVCC pressure (docs/design/
 -- read-lanes.md; the argument in full is the header of sql/0005_claim_lanes.sql,

@@ -16,6 +16,7 @@ from support.db import LOCAL_DSN, answers
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.bench
 @pytest.mark.skipif(not answers(LOCAL_DSN), reason="needs the local server (pgbench beside it)")
 def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
     for peer in ("pgmq", "pgqueuer", "asyncpg", "procrastinate"):
