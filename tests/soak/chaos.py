@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import random
 import signal
@@ -50,7 +49,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent.parent)]
 import psycopg  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 from soak_app import CALLBACKS, JOBS, WORK  # noqa: E402
-from support.db import LOCAL_DSN, with_dbname  # noqa: E402
+from support.db import LOCAL_DSN, drop_database, with_dbname  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 
 from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
@@ -117,19 +116,40 @@ class Config:
 # -- the database and the processes ------------------------------------------------
 
 
-def create_database(server_dsn: str, queues: dict[str, int]) -> str:
-    """A fresh migrated database with the audit trigger and the given queues; its DSN."""
+@contextlib.contextmanager
+def soak_database(server_dsn: str, queues: dict[str, int]) -> Iterator[str]:
+    """A fresh migrated database with the audit trigger and the given queues; its DSN.
+
+    Dropped on the way out, whatever happened: each run left a `soak_…`
+    database of about 11 MB on the shared server before.
+    """
     name = f"soak_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
-    dsn = with_dbname(server_dsn, name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrate(conn)
-        conn.execute(AUDIT)
-    with Client.from_dsn(dsn, max_size=1) as client:
-        for queue, max_attempts in queues.items():
-            client.create_queue(queue, max_attempts=max_attempts)
-    return dsn
+    try:
+        dsn = with_dbname(server_dsn, name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn)
+            conn.execute(AUDIT)
+        with Client.from_dsn(dsn, max_size=1) as client:
+            for queue, max_attempts in queues.items():
+                client.create_queue(queue, max_attempts=max_attempts)
+        yield dsn
+    finally:
+        drop_soak_database(server_dsn, name)
+
+
+def drop_soak_database(server_dsn: str, name: str, timeout: float = 60) -> None:
+    """Drop a soak database, cutting whoever is still on it; rides out a server restarting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            drop_database(server_dsn, name)
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def login_roles(dsn: str, enabled: bool) -> tuple[str, str]:
@@ -209,10 +229,27 @@ class Consumers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed: set[int] = set()
         self.started = 0
+        self.closed = False
         self._lock = threading.Lock()
 
+    def __enter__(self) -> Consumers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """SIGKILL every worker still running; none is started after this."""
+        with self._lock:
+            self.closed = True
+            procs = list(self.procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
     def spawn(self) -> subprocess.Popen[bytes]:
-        """Start one more worker process."""
+        """Start one more worker process (RuntimeError once closed)."""
         env = dict(
             os.environ,
             PGQUEUE_DSN=self.dsn,
@@ -230,6 +267,8 @@ class Consumers:
         args += ["--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.5"]
         args += ["--shutdown-grace", "20"]
         with self._lock:
+            if self.closed:
+                raise RuntimeError("the consumers are closed: no new worker")
             n = self.started
             self.started += 1
             out = (self.logdir / f"worker-{n}.log").open("ab")
@@ -436,6 +475,13 @@ class Faults(threading.Thread):
             else:
                 self.proxy.stall(self.rng.uniform(1.0, 3.0))
             self.counts[kind] += 1
+
+
+def stop_thread(thread: threading.Thread, stop: threading.Event, timeout: float = 60) -> None:
+    """Tell a thread to stop, and wait for it if it was started."""
+    stop.set()
+    if thread.is_alive():
+        thread.join(timeout)
 
 
 # -- the checker ---------------------------------------------------------------------
@@ -647,78 +693,87 @@ def wait_drained(dsn: str, timeout: float) -> float:
 
 
 def soak(cfg: Config, server_dsn: str, restart: Callable[[], None] | None, workdir: Path) -> Report:
-    """Part 1: producers, consumers and faults for cfg.duration seconds; then the books."""
-    dsn = create_database(server_dsn, {WORK: cfg.max_attempts, CALLBACKS: cfg.max_attempts})
-    logdir = workdir / "soak"
-    logdir.mkdir(parents=True)
-    proxy = FaultProxy(dsn)
-    producer_dsn, consumer_dsn = login_roles(proxy.dsn, cfg.roles)
-    consumers = Consumers(consumer_dsn, logdir, [WORK, CALLBACKS], cfg)
-    for _ in range(cfg.consumers):
-        consumers.spawn()
-    ledger, stop_producing, stop_faults = Ledger(), threading.Event(), threading.Event()
-    producers = [
-        Producer(i, producer_dsn, cfg, ledger, stop_producing) for i in range(cfg.producers)
-    ]
-    faults = Faults(cfg, dsn, consumers, proxy, restart, stop_faults)
-    t0 = time.time()
-    for p in producers:
-        p.start()
-    faults.start()
-    time.sleep(cfg.duration)
-    stop_producing.set()
-    for p in producers:
-        p.join(120)
-    stop_faults.set()
-    faults.join(120)
-    t1 = time.time()
-    drain = wait_drained(dsn, cfg.drain_timeout)
-    unexpected = consumers.unexpected_exits()
-    codes = consumers.stop()
-    proxy.close()
+    """Part 1: producers, consumers and faults for cfg.duration seconds; then the books.
 
-    # What one consumer can have finished but not yet acked when a fault hits:
-    # its running handlers, the messages waiting locally (the prefetch: 25 ms of
-    # completions, under concurrency at the producers' 300 msg/s),
-    # and one more read's worth that finished while the ack was being retried.
-    held = cfg.concurrency * 3
-    c = faults.counts
-    bound = (
-        c["sigkill"] * held
-        + (c["restart"] + c["terminate"] + c["cut"] + c["stall"]) * cfg.consumers * held
-    )
-    rep = check(dsn, logdir, ledger, bound)
-    acked_in_chaos = patiently(
-        lambda conn: conn.execute(
-            "SELECT count(*) FROM soak_audit WHERE op = 'D'"
-            " AND at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
-            (t0, t1),
-        ).fetchone()[0],
-        dsn,
-    )
-    rep.figures.update(
-        {
-            "chaos seconds": round(t1 - t0),
-            "consumers": cfg.consumers,
-            "logged in as": "soak_producer, soak_consumer" if cfg.roles else "the owner",
-            "consumer processes started": consumers.started,
-            "faults": dict(sorted(c.items())),
-            "producer retries": ledger.retries,
-            "acks/s during chaos": round(acked_in_chaos / (t1 - t0)),
-            "drain seconds": round(drain, 1),
-            "worker exit codes at the end": codes,
-        }
-    )
-    rep.fail("workers that exited on their own", len(unexpected), unexpected)
-    rep.fail("workers that did not stop cleanly", sum(x != 0 for x in codes), codes)
-    for p in producers:
-        if p.error is not None:
-            rep.failures.append(f"producer {p.idx} died: {p.error!r}")
-    if faults.error is not None:
-        rep.failures.append(f"fault thread died: {faults.error!r}")
-    if drain != drain:
-        rep.failures.append(f"not drained within {cfg.drain_timeout:.0f} s")
-    return rep
+    Whatever happens, every worker it started is gone and its database dropped
+    when it returns or raises.
+    """
+    queues = {WORK: cfg.max_attempts, CALLBACKS: cfg.max_attempts}
+    with contextlib.ExitStack() as undo:
+        dsn = undo.enter_context(soak_database(server_dsn, queues))
+        logdir = workdir / "soak"
+        logdir.mkdir(parents=True)
+        proxy = FaultProxy(dsn)
+        undo.callback(proxy.close)
+        producer_dsn, consumer_dsn = login_roles(proxy.dsn, cfg.roles)
+        consumers = undo.enter_context(Consumers(consumer_dsn, logdir, [WORK, CALLBACKS], cfg))
+        for _ in range(cfg.consumers):
+            consumers.spawn()
+        ledger, stop_producing, stop_faults = Ledger(), threading.Event(), threading.Event()
+        undo.callback(stop_producing.set)
+        producers = [
+            Producer(i, producer_dsn, cfg, ledger, stop_producing) for i in range(cfg.producers)
+        ]
+        faults = Faults(cfg, dsn, consumers, proxy, restart, stop_faults)
+        undo.callback(stop_thread, faults, stop_faults)  # it starts workers: stop it first
+        t0 = time.time()
+        for p in producers:
+            p.start()
+        faults.start()
+        time.sleep(cfg.duration)
+        stop_producing.set()
+        for p in producers:
+            p.join(120)
+        stop_faults.set()
+        faults.join(120)
+        t1 = time.time()
+        drain = wait_drained(dsn, cfg.drain_timeout)
+        unexpected = consumers.unexpected_exits()
+        codes = consumers.stop()
+        proxy.close()
+
+        # What one consumer can have finished but not yet acked when a fault hits:
+        # its running handlers, the messages waiting locally (the prefetch: 25 ms of
+        # completions, under concurrency at the producers' 300 msg/s),
+        # and one more read's worth that finished while the ack was being retried.
+        held = cfg.concurrency * 3
+        c = faults.counts
+        bound = (
+            c["sigkill"] * held
+            + (c["restart"] + c["terminate"] + c["cut"] + c["stall"]) * cfg.consumers * held
+        )
+        rep = check(dsn, logdir, ledger, bound)
+        acked_in_chaos = patiently(
+            lambda conn: conn.execute(
+                "SELECT count(*) FROM soak_audit WHERE op = 'D'"
+                " AND at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+                (t0, t1),
+            ).fetchone()[0],
+            dsn,
+        )
+        rep.figures.update(
+            {
+                "chaos seconds": round(t1 - t0),
+                "consumers": cfg.consumers,
+                "logged in as": "soak_producer, soak_consumer" if cfg.roles else "the owner",
+                "consumer processes started": consumers.started,
+                "faults": dict(sorted(c.items())),
+                "producer retries": ledger.retries,
+                "acks/s during chaos": round(acked_in_chaos / (t1 - t0)),
+                "drain seconds": round(drain, 1),
+                "worker exit codes at the end": codes,
+            }
+        )
+        rep.fail("workers that exited on their own", len(unexpected), unexpected)
+        rep.fail("workers that did not stop cleanly", sum(x != 0 for x in codes), codes)
+        for p in producers:
+            if p.error is not None:
+                rep.failures.append(f"producer {p.idx} died: {p.error!r}")
+        if faults.error is not None:
+            rep.failures.append(f"fault thread died: {faults.error!r}")
+        if drain != drain:
+            rep.failures.append(f"not drained within {cfg.drain_timeout:.0f} s")
+        return rep
 
 
 # -- part 2: the five scenarios ------------------------------------------------------------
@@ -826,65 +881,75 @@ def scenario(
     workdir: Path,
     stop_start: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> dict[str, Any]:
-    """One scenario: a baseline batch, then a batch with the fault; the books for both."""
-    dsn = create_database(server_dsn, {JOBS: cfg.max_attempts})
-    logdir = workdir / name
-    logdir.mkdir(parents=True)
-    producer_dsn, consumer_dsn = login_roles(dsn, cfg.roles)
-    consumers = Consumers(
-        consumer_dsn, logdir, [JOBS], Config(**{**cfg.__dict__, "concurrency": 4, "vt": 3})
-    )
-    for _ in range(2):
-        consumers.spawn()
-    rng = random.Random(cfg.seed + 11)
-    cleanup: list[Callable[[], None]] = []
-    notes: list[str] = []
-    stop_kills = threading.Event()
+    """One scenario: a baseline batch, then a batch with the fault; the books for both.
 
-    def repeated_kills() -> None:
-        def loop() -> None:
-            while not stop_kills.wait(2.0):
-                live = consumers.alive()
-                if live:
-                    consumers.kill(rng.choice(live))
+    Whatever happens, its workers are gone, the fault undone and its database
+    dropped when it returns or raises.
+    """
+    with contextlib.ExitStack() as undo:
+        dsn = undo.enter_context(soak_database(server_dsn, {JOBS: cfg.max_attempts}))
+        logdir = workdir / name
+        logdir.mkdir(parents=True)
+        producer_dsn, consumer_dsn = login_roles(dsn, cfg.roles)
+        consumers = undo.enter_context(
+            Consumers(
+                consumer_dsn, logdir, [JOBS], Config(**{**cfg.__dict__, "concurrency": 4, "vt": 3})
+            )
+        )
+        for _ in range(2):
+            consumers.spawn()
+        rng = random.Random(cfg.seed + 11)
+        undo_fault = undo.enter_context(contextlib.ExitStack())  # before the drain, or on error
+        notes: list[str] = []
 
-        threading.Thread(target=loop, daemon=True).start()
-        cleanup.append(stop_kills.set)
+        def repeated_kills() -> None:
+            stop_kills = threading.Event()
 
-    def exhaust() -> None:
-        hogs = Hogs(server_dsn, free=4)
-        notes.append(f"other clients held {len(hogs.conns)} connections, 4 left free")
-        cleanup.append(hogs.release)
-        terminate_backends(dsn, 1.0, rng)  # the consumers must come back through 4 slots
+            def loop() -> None:
+                while not stop_kills.wait(2.0):
+                    live = consumers.alive()
+                    if live:
+                        consumers.kill(rng.choice(live))
 
-    def outage() -> None:
-        # down for 10 s: long enough for reconnection back-offs to grow
-        if stop_start is None:
-            return
-        stop_start[0]()
-        time.sleep(10)
-        stop_start[1]()
+            killer = threading.Thread(target=loop, daemon=True)
+            killer.start()
+            undo_fault.callback(stop_thread, killer, stop_kills)
 
-    faults: dict[str, Callable[[], None]] = {
-        "postgres_restart": restart or (lambda: None),
-        "postgres_outage": outage,
-        "pg_backend_kill": lambda: (terminate_backends(dsn, 1.0, rng), None)[1],
-        "pool_exhaustion": exhaust,
-        "crash_recovery": lambda: consumers.kill(consumers.alive()[0]),
-        "repeated_kills": repeated_kills,
-    }
-    with Client.from_dsn(
-        producer_dsn, max_size=2, retry=RetryPolicy(attempts=30, deadline_seconds=60)
-    ) as client:
-        wait_for_consumers(dsn)
-        base = run_phase(dsn, client, cfg, None)
-        hit = run_phase(dsn, client, cfg, faults[name])
-        for undo in cleanup:
-            undo()
-        drain = wait_drained(dsn, cfg.scenario_timeout)
-    unexpected = consumers.unexpected_exits()
-    consumers.stop()
-    rep = check(dsn, logdir, None, None)
+        def exhaust() -> None:
+            hogs = Hogs(server_dsn, free=4)
+            notes.append(f"other clients held {len(hogs.conns)} connections, 4 left free")
+            undo_fault.callback(hogs.release)
+            terminate_backends(dsn, 1.0, rng)  # the consumers must come back through 4 slots
+
+        def outage() -> None:
+            # down for 10 s: long enough for reconnection back-offs to grow
+            if stop_start is None:
+                return
+            stop_start[0]()
+            try:
+                time.sleep(10)
+            finally:
+                stop_start[1]()
+
+        faults: dict[str, Callable[[], None]] = {
+            "postgres_restart": restart or (lambda: None),
+            "postgres_outage": outage,
+            "pg_backend_kill": lambda: (terminate_backends(dsn, 1.0, rng), None)[1],
+            "pool_exhaustion": exhaust,
+            "crash_recovery": lambda: consumers.kill(consumers.alive()[0]),
+            "repeated_kills": repeated_kills,
+        }
+        with Client.from_dsn(
+            producer_dsn, max_size=2, retry=RetryPolicy(attempts=30, deadline_seconds=60)
+        ) as client:
+            wait_for_consumers(dsn)
+            base = run_phase(dsn, client, cfg, None)
+            hit = run_phase(dsn, client, cfg, faults[name])
+            undo_fault.close()
+            drain = wait_drained(dsn, cfg.scenario_timeout)
+        unexpected = consumers.unexpected_exits()
+        consumers.stop()
+        rep = check(dsn, logdir, None, None)
     ratio = hit.completion / base.completion if base.completion else 0.0
     return {
         "scenario": name,
@@ -983,8 +1048,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where logs go (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args(argv)
-    configure_logging(level="ERROR")  # the runner's own retries are expected here
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    # SIGTERM (a CI job cancelled) unwinds like an error: workers stopped, databases dropped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # the runner's own retries (and psycopg_pool's warnings about them) are expected here
+    configure_logging(level="ERROR")
     cfg = Config.preset(args.mode)
     for name in ("duration", "consumers", "rate"):
         if getattr(args, name) is not None:

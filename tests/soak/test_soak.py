@@ -17,8 +17,6 @@ import chaos
 import psycopg
 import pytest
 import soak_app
-from psycopg.conninfo import conninfo_to_dict
-from support.db import drop_database
 
 from pgqueue import Client
 
@@ -26,9 +24,8 @@ from pgqueue import Client
 @pytest.fixture
 def soak_db(server_dsn: str) -> Iterator[str]:
     """A database set up as the soak sets up its own."""
-    dsn = chaos.create_database(server_dsn, {soak_app.WORK: 5, soak_app.CALLBACKS: 5})
-    yield dsn
-    drop_database(server_dsn, str(conninfo_to_dict(dsn)["dbname"]))
+    with chaos.soak_database(server_dsn, {soak_app.WORK: 5, soak_app.CALLBACKS: 5}) as dsn:
+        yield dsn
 
 
 @pytest.fixture
