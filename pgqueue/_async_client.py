@@ -62,9 +62,12 @@ class AsyncClient(
         prepare_threshold: int | Unset | None = UNSET,
         retry: RetryPolicy | None = None,
         wait_seconds: float = 0.0,
+        dsn_source: str | None = None,
     ) -> AsyncClient:
         """Open an async pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL), as Client.from_dsn."""
-        spec = PoolSpec.resolve(dsn, min_size, max_size, connect_timeout, prepare_threshold)
+        spec = PoolSpec.resolve(
+            dsn, min_size, max_size, connect_timeout, prepare_threshold, dsn_source
+        )
         pool = spec.async_pool()
         role = await spec.probe_async(wait_seconds)
         await pool.open(wait=False)

@@ -54,6 +54,7 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         prepare_threshold: int | Unset | None = UNSET,
         retry: RetryPolicy | None = None,
         wait_seconds: float = 0.0,
+        dsn_source: str | None = None,
     ) -> Client:
         """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
 
@@ -63,8 +64,15 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         behind PgBouncer in transaction mode when it is older than 1.21 (it
         cannot keep prepared statements); unset, it comes from
         $PGQUEUE_PREPARE_THRESHOLD (a number, or "off"), else 5.
+
+        A DSN that does not parse raises InvalidArgument before anything
+        connects. Connection errors name where the DSN came from: "the dsn
+        argument", or `dsn_source` when given (the CLI passes "--dsn"),
+        PGQUEUE_DSN or DATABASE_URL.
         """
-        spec = PoolSpec.resolve(dsn, min_size, max_size, connect_timeout, prepare_threshold)
+        spec = PoolSpec.resolve(
+            dsn, min_size, max_size, connect_timeout, prepare_threshold, dsn_source
+        )
         pool = spec.pool()
         # Fail fast with one clear line rather than at the first call; and
         # learn the login role, which permission errors name.

@@ -23,10 +23,10 @@ from pgqueue._errors import ConnectionLost, InvalidArgument, translate
 from pgqueue._retry import NO_RETRY, RetryPolicy, is_dead_connection, is_server_not_ready
 from pgqueue._settings import (
     Unset,
+    connect_failed,
     describe_dsn,
     prepare_threshold_from_env,
     require_dsn,
-    unreachable,
 )
 
 T = TypeVar("T")
@@ -109,6 +109,7 @@ class PoolSpec:
 
     dsn: str
     label: str
+    source: str
     min_size: int
     max_size: int
     connect_timeout: float
@@ -122,16 +123,19 @@ class PoolSpec:
         max_size: int,
         connect_timeout: float,
         prepare_threshold: int | Unset | None,
+        dsn_source: str | None = None,
     ) -> PoolSpec:
         """The DSN (else $PGQUEUE_DSN / $DATABASE_URL), checked sizes, and connection settings.
 
         Unset, prepare_threshold comes from $PGQUEUE_PREPARE_THRESHOLD (a
         number, or "off"), else 5; set it to None behind PgBouncer in
-        transaction mode when it is older than 1.21.
+        transaction mode when it is older than 1.21. `dsn_source` names an
+        explicit dsn in messages (the CLI's "--dsn"); a malformed DSN raises
+        InvalidArgument here, before anything connects.
         """
         if isinstance(prepare_threshold, Unset):
             prepare_threshold = prepare_threshold_from_env()
-        resolved = require_dsn(dsn)
+        resolved = require_dsn(dsn, dsn_source)
         if min_size < 0 or max_size < max(1, min_size):
             raise InvalidArgument(
                 f"pool sizes must satisfy 0 <= min_size <= max_size and max_size >= 1,"
@@ -143,7 +147,15 @@ class PoolSpec:
             "prepare_threshold": prepare_threshold,
             "application_name": "pgqueue",
         }
-        return cls(resolved, describe_dsn(resolved), min_size, max_size, connect_timeout, kwargs)
+        return cls(
+            resolved.value,
+            resolved.label,
+            resolved.source,
+            min_size,
+            max_size,
+            connect_timeout,
+            kwargs,
+        )
 
     # Back in a second after an outage of any length. The pool's own
     # reconnection backs off exponentially (1, 2, 4, 8 s ...) for up to
@@ -183,41 +195,47 @@ class PoolSpec:
             name="pgqueue-async",
         )
 
-    def _waited_out(self, exc: psycopg.OperationalError, wait_seconds: float, left: float) -> bool:
+    def _waited_out(
+        self, exc: psycopg.OperationalError, attempts: int, started: float, left: float
+    ) -> bool:
         """Log the wait and say True while waiting may help; else False (the caller raises)."""
         if left <= 0 or not is_server_not_ready(exc):
             return False
         log.warning(
             "database.waiting",
             dsn=self.label,
-            error=(str(exc).strip().splitlines() or [type(exc).__name__])[-1].strip(),
+            error=self._failed(exc, attempts, started).what,
             gives_up_in=round(left, 1),
         )
         return True
 
-    def _unreachable(self, exc: psycopg.OperationalError, wait_seconds: float) -> ConnectionLost:
-        error = unreachable(self.label, self.connect_timeout, exc)
-        if wait_seconds > 0 and is_server_not_ready(exc):
-            error = ConnectionLost(f"{error}; waited {wait_seconds:g}s for it")
-        return error
+    def _failed(
+        self, exc: psycopg.OperationalError, attempts: int, started: float
+    ) -> ConnectionLost:
+        elapsed = time.monotonic() - started
+        return connect_failed(self.label, self.source, exc, attempts=attempts, elapsed=elapsed)
 
     def probe(self, wait_seconds: float) -> str:
         """The login role of a first connection; waits up to wait_seconds for a server not up."""
-        deadline = time.monotonic() + wait_seconds
+        started = time.monotonic()
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 with psycopg.connect(self.dsn, connect_timeout=self.kwargs["connect_timeout"]) as c:
                     return c.info.user
             except psycopg.OperationalError as exc:
-                left = deadline - time.monotonic()
-                if not self._waited_out(exc, wait_seconds, left):
-                    raise self._unreachable(exc, wait_seconds) from exc
+                left = started + wait_seconds - time.monotonic()
+                if not self._waited_out(exc, attempts, started, left):
+                    raise self._failed(exc, attempts, started) from exc
                 time.sleep(min(1.0, left))
 
     async def probe_async(self, wait_seconds: float) -> str:
         """The same, from asyncio."""
-        deadline = time.monotonic() + wait_seconds
+        started = time.monotonic()
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     self.dsn, connect_timeout=self.kwargs["connect_timeout"]
@@ -226,10 +244,28 @@ class PoolSpec:
                 await conn.close()
                 return role
             except psycopg.OperationalError as exc:
-                left = deadline - time.monotonic()
-                if not self._waited_out(exc, wait_seconds, left):
-                    raise self._unreachable(exc, wait_seconds) from exc
+                left = started + wait_seconds - time.monotonic()
+                if not self._waited_out(exc, attempts, started, left):
+                    raise self._failed(exc, attempts, started) from exc
                 await asyncio.sleep(min(1.0, left))
+
+
+def connect_refusal(conninfo: str, connect_timeout: int = 2) -> ConnectionLost | None:
+    """One fresh connection: the error when it fails in a way waiting will not fix, else None.
+
+    A pool that cannot connect only says it timed out; this tells a server
+    that is down or starting (None: wait for it) from one that answered and
+    refused (no such database or role, a password, pg_hba.conf).
+    """
+    started = time.monotonic()
+    try:
+        with psycopg.connect(conninfo, connect_timeout=connect_timeout):
+            return None
+    except psycopg.OperationalError as exc:
+        if is_server_not_ready(exc):
+            return None
+        elapsed = time.monotonic() - started
+        return connect_failed(describe_dsn(conninfo), None, exc, attempts=1, elapsed=elapsed)
 
 
 def run_on_pool(

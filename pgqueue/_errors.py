@@ -10,6 +10,7 @@ raises (tests/sql/test_errors.py checks it against sql/). `Poison` and
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import ClassVar
 
 import psycopg
@@ -107,12 +108,41 @@ class InvalidArgument(PgQueueError, ValueError):
         return cls(primary + hint, what=primary)
 
 
+@dataclass(frozen=True, slots=True)
+class SettingProblem:
+    """One rejected setting: how it was given (a field, or its PGQUEUE_* variable), as what."""
+
+    given_as: str
+    value: object
+    need: str
+    """What the value must be: "must be >= 1", ..."""
+
+    @property
+    def shown(self) -> str:
+        """The value as a message shows it: text quoted ('soon'), a number as is (-1, 2.5)."""
+        if isinstance(self.value, str):
+            return sql_literal(self.value)
+        return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+
+
+class InvalidSettings(InvalidArgument):
+    """Worker settings were rejected; `problems` names each wrong one, by field."""
+
+    def __init__(self, problems: dict[str, SettingProblem]) -> None:
+        """The error for these problems, every one in its one line."""
+        super().__init__(
+            "invalid worker settings: "
+            + "; ".join(f"{p.given_as} {p.need} (got {p.shown})" for p in problems.values())
+        )
+        self.problems = problems
+
+
 class InvalidMessage(InvalidArgument):
     """A message or its headers cannot be stored as JSON."""
 
 
 class ConnectionLost(PgQueueError):
-    """The database could not be reached, even after retrying on fresh connections."""
+    """The database could not be reached, or its server refused us; the message says which."""
 
 
 class NotMigrated(PgQueueError):
@@ -164,11 +194,17 @@ class Retry(Exception):
 
 
 _DENIED = re.compile(r"permission denied for (\w+) (\S+)")
-_PLAIN_ROLE = re.compile(r"[a-z_][a-z0-9_$]*")
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
-def _sql_role(role: str) -> str:
-    return role if _PLAIN_ROLE.fullmatch(role) else '"' + role.replace('"', '""') + '"'
+def sql_literal(text: str) -> str:
+    """A name or value in a message, in single quotes as SQL writes a literal ('it''s')."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_identifier(name: str) -> str:
+    """A role or database name as SQL would need it written: quoted unless plain lowercase."""
+    return name if _PLAIN_IDENTIFIER.fullmatch(name) else '"' + name.replace('"', '""') + '"'
 
 
 def permission_denied(primary: str, role: str | None = None) -> PermissionDenied:
@@ -177,7 +213,7 @@ def permission_denied(primary: str, role: str | None = None) -> PermissionDenied
     `role` is the login role of the connection, when the caller knows it.
     """
     who = f"role {role}" if role else "this connection's role"
-    grantee = _sql_role(role) if role else "<login role>"
+    grantee = sql_identifier(role) if role else "<login role>"
     match = _DENIED.fullmatch(primary)
     kind, name = match.groups() if match else ("", "")
     if kind == "function" and name in FUNCTION_ROLES:

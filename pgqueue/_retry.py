@@ -45,6 +45,7 @@ _NOT_READY = (
     "server closed the connection unexpectedly",
     "no such file or directory",  # the Unix socket of a server that is not up
     "could not translate host name",  # a container whose database's name is not up yet
+    "failed to resolve host",  # the same, as psycopg says it (it resolves names itself)
     "network is unreachable",
     "no route to host",
     "sorry, too many clients already",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pgqueue._client import Client
+from pgqueue._embedded import embedded_dir
 from pgqueue._worker import App, Worker, WorkerSettings
 from pgqueue.types import TRANSPORT_MARKER, Message
 
@@ -55,10 +57,42 @@ def _app(echo: Callable[[str], None], callbacks: list[Message], fired: threading
     return app
 
 
+def next_steps(
+    barrier_id: str, broken_id: int | str, export_dsn: str | None, embedded: bool
+) -> list[str]:
+    """What to try after the demo, as commands that run when pasted into a shell."""
+    lines = ["next, in this shell:"]
+    if export_dsn is not None:  # commands find the database through it
+        lines.append(f"  export PGQUEUE_DSN={shlex.quote(export_dsn)}")
+    lines += [
+        f"  pgqueue poison show {ORDERS} {broken_id}     # the whole message, and why it failed",
+        f"  pgqueue poison requeue {ORDERS} --all  # give it another go (asks first)",
+        f"  pgqueue barrier show {barrier_id}",
+        "  pgqueue queue list",
+    ]
+    if embedded:
+        lines += [
+            "",
+            "The embedded Postgres keeps running for these commands (its data is in",
+            f"{embedded_dir()}); `pgqueue demo --stop` stops it.",
+        ]
+    return lines
+
+
 def run_demo(
-    client: Client, dsn: str, echo: Callable[[str], None] = print, timeout: float = 60.0
+    client: Client,
+    dsn: str,
+    echo: Callable[[str], None] = print,
+    timeout: float = 60.0,
+    *,
+    export_dsn: str | None = None,
+    embedded: bool = False,
 ) -> bool:
-    """Run the demo on a migrated database; True when everything it shows held."""
+    """Run the demo on a migrated database; True when everything it shows held.
+
+    Its closing lines are commands that run as printed: `export_dsn` is the
+    DSN they need exported (None when the environment already names it).
+    """
     from pgqueue._cli._common import render_table
     from pgqueue._cli.poison import POISON_COLUMNS, poison_rows
 
@@ -122,13 +156,9 @@ def run_demo(
     poisoned = client.poison_list(ORDERS)
     echo(render_table(POISON_COLUMNS, poison_rows(poisoned)))
     echo("")
-    echo("next:")
     broken_id = poisoned[0].msg_id if poisoned else "MSG_ID"
-    echo(f"  pgqueue poison show {ORDERS} {broken_id}     the whole message and why it failed")
-    echo(f"  pgqueue poison requeue {ORDERS} --all    give it another go")
-    echo(f"  pgqueue barrier show {barrier_id}")
-    echo("  pytest -n auto                          run the test suite (see README.md)")
-    echo("(with --dsn DSN or PGQUEUE_DSN set; without one they have no database to talk to)")
+    for line in next_steps(barrier_id, broken_id, export_dsn, embedded):
+        echo(line)
     return (
         len(callbacks) == 1
         and status.succeeded == MEMBERS - 1

@@ -18,7 +18,8 @@ from pgqueue._cli._common import (
 )
 from pgqueue._cli._main import main
 from pgqueue._client import Client
-from pgqueue._settings import resolve_dsn
+from pgqueue._errors import InvalidArgument, InvalidSettings
+from pgqueue._settings import Dsn, find_dsn
 
 
 @main.command()
@@ -72,14 +73,32 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     """
     from pgqueue._worker import Worker, WorkerSettings, load_app
 
+    # As `python -m` does: the project the worker is started from is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    ctx = click.get_current_context()
     with expected_errors():
-        app = load_app(app_path)
-        settings = WorkerSettings.from_env(queues=queues or None, **options)
+        try:
+            app = load_app(app_path)
+        except InvalidArgument as exc:
+            raise click.BadParameter(str(exc), ctx, param_named(ctx, "app_path")) from exc
+        try:
+            settings = WorkerSettings.from_env(queues=queues or None, **options)
+        except InvalidSettings as exc:
+            raise settings_usage_error(ctx, exc) from exc
+        try:
+            app.consumed(settings.queues)
+        except InvalidArgument as exc:
+            if not settings.queues:  # the app has no handlers at all
+                raise click.BadParameter(str(exc), ctx, param_named(ctx, "app_path")) from exc
+            where = "'--queue'" if queues else "PGQUEUE_QUEUES"
+            raise click.UsageError(f"Invalid value for {where}: {exc}", ctx) from exc
         started = time.monotonic()
         client = Client.from_dsn(
             dsn,
             max_size=settings.pool_size,
             wait_seconds=settings.startup_timeout,
+            dsn_source="--dsn",
         )
         # One startup deadline: what the first connection waited counts against it.
         waited = time.monotonic() - started
@@ -95,6 +114,22 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     os._exit(code)
 
 
+def param_named(ctx: click.Context, name: str) -> click.Parameter | None:
+    """The command's parameter that sets `name` (an option's or argument's Python name)."""
+    return next((p for p in ctx.command.params if p.name == name), None)
+
+
+def settings_usage_error(ctx: click.Context, exc: InvalidSettings) -> click.UsageError:
+    """A usage error naming each wrong setting as it was given: --option, or PGQUEUE_* variable."""
+    parts = []
+    for name, problem in exc.problems.items():
+        param = param_named(ctx, name) if problem.given_as == name else None
+        where = f"'{param.opts[0]}'" if isinstance(param, click.Option) else problem.given_as
+        parts.append(f"invalid value for {where}: {problem.need}, got {problem.shown}")
+    message = "; ".join(parts)
+    return click.UsageError(message[0].upper() + message[1:], ctx)
+
+
 @main.command()
 @click.option("--dsn", default=None, metavar="DSN", help="Postgres DSN [$PGQUEUE_DSN].")
 @click.option(
@@ -104,26 +139,45 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     show_default=True,
     help="Seconds to wait for the barrier's callback.",
 )
-def demo(dsn: str | None, timeout: float) -> None:
+@click.option("--stop", is_flag=True, help="Stop the embedded Postgres a demo left running.")
+def demo(dsn: str | None, timeout: float, stop: bool) -> None:
     """Show the whole idea in under a minute, on the embedded Postgres when no DSN is set.
 
     Fans out 100 orders under a barrier, runs two consumers in this process;
     one order always fails and is poison-dropped after max_attempts, the
     barrier fires exactly once (succeeded=99 failed=1), and the poison table
-    is printed. It uses the queues demo_orders and demo_orders_done.
+    is printed. It uses the queues demo_orders and demo_orders_done. On the
+    embedded Postgres, the server keeps running afterwards for the commands
+    the demo suggests; `pgqueue demo --stop` stops it.
     """
     from pgqueue._cli.demo import run_demo
-    from pgqueue._embedded import start_embedded
+    from pgqueue._embedded import embedded_dir, start_embedded, stop_embedded
 
     if "PGQUEUE_LOG_LEVEL" not in os.environ:
         setup_logging("ERROR")  # the demo narrates; worker logs would drown it
     with expected_errors():
-        resolved = resolve_dsn(dsn)
-        if resolved is None:
+        if stop:
+            if stop_embedded():
+                click.echo(f"stopped the embedded Postgres (its data stays in {embedded_dir()})")
+            else:
+                click.echo("the embedded Postgres is not running; nothing to stop")
+            return
+        found = find_dsn(dsn, "--dsn")
+        export, embedded = (dsn or None), False  # from the environment: already exported
+        if found is None:
             click.echo("no PGQUEUE_DSN set: starting the embedded Postgres ...")
-            resolved = start_embedded()
-        with Client.from_dsn(resolved, max_size=4) as client:
+            found = Dsn(start_embedded(keep=True, say=click.echo), "the embedded Postgres")
+            export, embedded = found.value, True
+        resolved = found.value
+        with Client.from_dsn(resolved, max_size=4, dsn_source=found.source) as client:
             client.migrate()
-            ok = run_demo(client, resolved, echo=click.echo, timeout=timeout)
+            ok = run_demo(
+                client,
+                resolved,
+                echo=click.echo,
+                timeout=timeout,
+                export_dsn=export,
+                embedded=embedded,
+            )
     if not ok:
         sys.exit(1)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, TypeVar
 
-from pgqueue._errors import InvalidArgument
+from pgqueue._errors import InvalidArgument, PgQueueError, sql_literal
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,17 +60,70 @@ class App:
 
         return register
 
+    def consumed(self, queues: Sequence[str] = ()) -> tuple[str, ...]:
+        """The queues a worker of this app consumes: `queues`, else all it handles; each handled.
+
+        InvalidArgument when a queue has no handler, or the app has none at all.
+        """
+        chosen = tuple(queues) or tuple(self.handlers)
+        if not chosen:
+            raise InvalidArgument("the app has no handlers; register one with @app.handler(queue)")
+        missing = [q for q in chosen if q not in self.handlers]
+        if missing:
+            raise InvalidArgument(
+                f"no handler for queue(s) {', '.join(missing)}; the app handles"
+                f" {', '.join(self.handlers)}"
+            )
+        return chosen
+
 
 def load_app(path: str) -> App:
-    """The App named by "module:attribute", with a clear error when it is not one."""
+    """The App named by "module:attribute"; InvalidArgument saying why when the path names none.
+
+    A module that is found but fails to import (a dependency of it is
+    missing) raises PgQueueError instead: the path was right, the module is not.
+    """
     module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise InvalidArgument(f"expected MODULE:APP (e.g. myproj.tasks:app), got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
+    if not module_name:
+        raise InvalidArgument(
+            f"expected MODULE:APP (e.g. myproj.tasks:app), got {sql_literal(path)}"
+        )
+    module = _import(module_name)
+    if not attr:
+        raise InvalidArgument(f"expected MODULE:APP, got {sql_literal(path)}" + _apps_in(module))
+    if not hasattr(module, attr):
+        raise InvalidArgument(
+            f"module {sql_literal(module_name)} has no attribute {sql_literal(attr)}"
+            + _apps_in(module, none=", and")
+        )
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        raise InvalidArgument(f"{path!r} is not a pgqueue.App (got {type(app).__name__})")
+        raise InvalidArgument(
+            f"{sql_literal(path)} is of type {type(app).__name__}, not a pgqueue.App"
+            + _apps_in(module)
+        )
     return app
+
+
+def _import(module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Not found itself (or a package above it): the path is wrong. Any
+        # other module not found was imported by it: the module is broken.
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise InvalidArgument(
+                f"no module named {sql_literal(exc.name)} on the Python path (the current"
+                " directory, PYTHONPATH and the installed packages)"
+            ) from exc
+        raise PgQueueError(f"importing {sql_literal(module_name)} failed: {exc}") from exc
+    except ImportError as exc:
+        raise PgQueueError(f"importing {sql_literal(module_name)} failed: {exc}") from exc
+
+
+def _apps_in(module: ModuleType, none: str = "") -> str:
+    """What a message adds about the Apps a module does have: their names, or that it has none."""
+    names = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if not names:
+        return f"{none or f'; module {sql_literal(module.__name__)} has'} no pgqueue.App at all"
+    return f"; its pgqueue.App objects: {', '.join(names)} (use {module.__name__}:{names[0]})"

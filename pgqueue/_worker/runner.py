@@ -18,7 +18,8 @@ from types import FrameType
 import structlog
 
 from pgqueue._client import Client
-from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
+from pgqueue._connection import connect_refusal
+from pgqueue._errors import ConnectionLost, QueueNotFound
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock, SystemClock
@@ -50,12 +51,7 @@ class Worker:
     ) -> None:
         """A worker over `client`'s pool (which needs settings.pool_size connections)."""
         settings = settings or WorkerSettings()
-        queues = settings.queues or tuple(app.handlers)
-        missing = [q for q in queues if q not in app.handlers]
-        if not queues or missing:
-            raise InvalidArgument(
-                f"no handler for queue(s) {missing}" if missing else "the app has no handlers"
-            )
+        queues = app.consumed(settings.queues)
         self.app = app
         self.settings = s = replace(settings, queues=queues)
         self.clock = clock or SystemClock()
@@ -141,7 +137,8 @@ class Worker:
 
         A worker often starts before its database (a container, a restart):
         refused connections and a server starting or shutting down are waited
-        out, each wait logged; any other error is raised at once. A read of
+        out, each wait logged; any other error, such as a database that does
+        not exist, is raised at once. A read of
         nothing then makes a login role that may not read (docs/security.md)
         fail here with one PermissionDenied, not at every poll from now on.
         """
@@ -152,6 +149,12 @@ class Worker:
                 self.leases.max_attempts = self.db.max_attempts()
                 break
             except ConnectionLost as exc:
+                # The pool only says it could not connect in time: one fresh
+                # connection tells a server that is down (wait) from one that
+                # answered and refused, e.g. no such database (never waited out).
+                refused = connect_refusal(self.db.conninfo())
+                if refused is not None:
+                    raise refused from exc
                 left = deadline - self.clock.now()
                 if left <= 0 or self._stopping.is_set():
                     raise ConnectionLost(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from pgqueue._errors import InvalidArgument
+from pgqueue._errors import InvalidSettings, SettingProblem
 
 
 def _env_bool(value: str) -> bool:
@@ -15,7 +15,11 @@ def _env_bool(value: str) -> bool:
         return True
     if value.lower() in ("0", "false", "no", "off"):
         return False
-    raise InvalidArgument(f"expected on/off, got {value!r}")
+    raise ValueError(value)
+
+
+# What a PGQUEUE_* value must look like, by the field's type, when it does not parse.
+_PARSE_REQUIREMENT = {"int": "must be a whole number", "float": "must be a number"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,19 +45,27 @@ class WorkerSettings:
     startup_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._problems()
+        if problems:
+            raise InvalidSettings(
+                {n: SettingProblem(n, getattr(self, n), need) for n, need in problems.items()}
+            )
+
+    def _problems(self) -> dict[str, str]:
+        """What each field out of its range must be, by field name; empty when all are fine."""
+        problems = {}
         if self.concurrency < 1:
-            problems.append("concurrency must be >= 1")
+            problems["concurrency"] = "must be >= 1"
         if self.batch < 0:
-            problems.append("batch must be >= 0 (0: a prefetch sized by the handlers' rate)")
+            problems["batch"] = "must be >= 0 (0: a prefetch sized by the handlers' rate)"
         if self.readers < 1:
-            problems.append("readers must be >= 1")
+            problems["readers"] = "must be >= 1"
         if self.vt < 1:
-            problems.append("vt must be >= 1 second")
+            problems["vt"] = "must be >= 1 second"
         if not 0 < self.heartbeat_fraction < 1:
-            problems.append("heartbeat_fraction must be between 0 and 1")
+            problems["heartbeat_fraction"] = "must be between 0 and 1"
         if self.ack not in ("delete", "archive"):
-            problems.append("ack must be 'delete' or 'archive'")
+            problems["ack"] = "must be delete or archive"
         for name in (
             "hard_timeout",
             "poll_interval",
@@ -62,11 +74,12 @@ class WorkerSettings:
             "startup_timeout",
         ):
             if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0")
-        if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
-            problems.append("need 0 < backoff_base <= backoff_max")
-        if problems:
-            raise InvalidArgument("invalid worker settings: " + "; ".join(problems))
+                problems[name] = "must be >= 0"
+        if self.backoff_base <= 0:
+            problems["backoff_base"] = "must be > 0"
+        elif self.backoff_max < self.backoff_base:
+            problems["backoff_max"] = f"must be >= backoff_base ({self.backoff_base:g})"
+        return problems
 
     @property
     def pool_size(self) -> int:
@@ -78,27 +91,57 @@ class WorkerSettings:
         """Messages a batch handler gets per call (the fixed prefetch, when batch is set)."""
         return self.batch or self.concurrency
 
+    @staticmethod
+    def env_var(name: str) -> str:
+        """The environment variable a field comes from: PGQUEUE_<FIELD>."""
+        return f"PGQUEUE_{name.upper()}"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:
-        """Settings from PGQUEUE_* variables, then the explicit overrides (None means unset)."""
+        """Settings from PGQUEUE_* variables, then the explicit overrides (None means unset).
+
+        A value that is wrong raises InvalidSettings naming every wrong one,
+        a variable by its name (PGQUEUE_VT) and an override by its field's;
+        a variable an override replaces is not read at all.
+        """
         env = os.environ if env is None else env
+        given = {k: v for k, v in overrides.items() if v is not None}
         values: dict[str, Any] = {}
+        raw: dict[str, str] = {}
+        unparsed: dict[str, str] = {}
         for f in fields(cls):
-            raw = env.get(f"PGQUEUE_{f.name.upper()}")
-            if raw is None or raw == "":
+            text = env.get(cls.env_var(f.name))
+            if text is None or text == "" or f.name in given:
                 continue
+            raw[f.name] = text
             try:
                 if f.name == "queues":
-                    values[f.name] = tuple(q.strip() for q in raw.split(",") if q.strip())
+                    values[f.name] = tuple(q.strip() for q in text.split(",") if q.strip())
                 elif f.type == "bool":
-                    values[f.name] = _env_bool(raw)
+                    values[f.name] = _env_bool(text)
                 elif f.type == "int":
-                    values[f.name] = int(raw)
+                    values[f.name] = int(text)
                 elif f.type == "float":
-                    values[f.name] = float(raw)
+                    values[f.name] = float(text)
                 else:
-                    values[f.name] = raw
-            except ValueError as exc:
-                raise InvalidArgument(f"PGQUEUE_{f.name.upper()}={raw!r}: {exc}") from exc
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+                    values[f.name] = text
+            except ValueError:
+                unparsed[f.name] = _PARSE_REQUIREMENT.get(str(f.type), "must be on or off")
+        values.update(given)
+        needs = dict(unparsed)
+        try:
+            settings = cls(**{k: v for k, v in values.items() if k not in unparsed})
+        except InvalidSettings as exc:
+            needs = {n: p.need for n, p in exc.problems.items()} | needs
+        if not needs:
+            return settings
+        defaults = {f.name: f.default for f in fields(cls)}
+        problems = {}
+        for name, need in needs.items():
+            if name in raw:
+                problems[name] = SettingProblem(cls.env_var(name), raw[name], need)
+            elif name in given:
+                problems[name] = SettingProblem(name, given[name], need)
+            else:  # a default, wrong only next to another setting (backoff_max < backoff_base)
+                problems[name] = SettingProblem(cls.env_var(name), defaults[name], need)
+        raise InvalidSettings(problems)

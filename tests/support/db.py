@@ -158,6 +158,16 @@ def restart_server(server: Any) -> None:
     )
 
 
+def refused_dsn() -> str:
+    """A DSN to a local port nobody listens on: every connection is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    return f"postgresql://nobody@127.0.0.1:{port}/x"
+
+
 def wait_until(check: Any, timeout: float = 15) -> None:
     """Poll `check` until it is true; fail the test when it never is."""
     import time
