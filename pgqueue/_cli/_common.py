@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import click
 import psycopg
 
 from pgqueue._calls import Call, scalar
 from pgqueue._client import Client
-from pgqueue._errors import BarrierNotFound, PgQueueError, QueueNotFound
+from pgqueue._errors import BarrierNotFound, PgQueueError, QueueNotFound, sql_literal
 from pgqueue._log import configure_logging
 from pgqueue._retry import RetryPolicy
 
@@ -28,6 +30,15 @@ DSN_HELP = "Postgres DSN [default: $PGQUEUE_DSN, then $DATABASE_URL]."
 # An operator's command should answer or fail within seconds, not wait out a
 # worker's retry budget.
 CLI_RETRY = RetryPolicy(attempts=3, deadline_seconds=10.0)
+
+
+# pgqueue's SQL names a queue, a barrier or a header key the way Postgres names
+# a relation, in double quotes; the command's own lines use single ones.
+_DOUBLE_QUOTED = re.compile(r'\b(queue|barrier|header) "(.*?)"(?=[ ;:,)]|$)')
+
+
+def _single_quoted(text: str) -> str:
+    return _DOUBLE_QUOTED.sub(lambda m: f"{m[1]} {sql_literal(m[2])}", text)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -69,11 +80,14 @@ def expected_errors() -> Iterator[None]:
     try:
         yield
     except QueueNotFound as exc:
-        fail(f"{exc.what}; `pgqueue queue list` shows the queues, `pgqueue queue create` makes one")
+        fail(
+            f"{_single_quoted(exc.what)}; `pgqueue queue list` shows the queues,"
+            " `pgqueue queue create` makes one"
+        )
     except BarrierNotFound as exc:
-        fail(f"{exc.what}; `pgqueue barrier list` shows the barriers")
+        fail(f"{_single_quoted(exc.what)}; `pgqueue barrier list` shows the barriers")
     except PgQueueError as exc:
-        fail(str(exc))
+        fail(_single_quoted(str(exc)))
     except psycopg.Error as exc:
         diag = exc.diag
         text = diag.message_primary or str(exc).strip().splitlines()[0]
@@ -110,14 +124,22 @@ def yes_option(func: F) -> F:
 def open_client(dsn: str | None, connect_timeout: float) -> Client:
     """A small client for one command; fails within connect_timeout if the server is away."""
     return Client.from_dsn(
-        dsn, min_size=0, max_size=2, connect_timeout=connect_timeout, retry=CLI_RETRY
+        dsn,
+        min_size=0,
+        max_size=2,
+        connect_timeout=connect_timeout,
+        retry=CLI_RETRY,
+        dsn_source="--dsn",
     )
 
 
+# The server's clock when the statement runs (now() would be its transaction's start).
+NOW: Call[datetime] = Call("now", "SELECT clock_timestamp()", (), scalar)
+
+
 def server_now(client: Client) -> datetime:
-    """The server's clock: cut-offs are computed on it, never on the operator's laptop."""
-    now: datetime = client.run(Call("now", "SELECT clock_timestamp()", (), scalar))
-    return now
+    """The server's clock: cut-offs and ages are computed on it, never on the operator's laptop."""
+    return client.run(NOW)
 
 
 def setup_logging(default_level: str = "INFO") -> None:
@@ -153,7 +175,7 @@ def parse_duration(text: str) -> timedelta:
     parts = _DURATION_RE.findall(compact)
     if not compact or "".join(n + u for n, u in parts) != compact:
         raise ValueError(
-            f"{text!r} is not a duration: use a number and a unit (s, m, h, d or w),"
+            f"{sql_literal(text)} is not a duration: use a number and a unit (s, m, h, d or w),"
             " e.g. 90s, 15m, 2h, 7d or 1h30m"
         )
     return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
@@ -178,6 +200,45 @@ def duration_option(*names: str, help: str, required: bool = False) -> Callable[
         callback=_to_duration,
         help=help,
     )
+
+
+def human_age(seconds: float | None) -> str:
+    """An age as an operator reads it, rounded down: 45s, 27m, 3h12m, 2d4h; '-' for None."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        hours, minutes = divmod(s // 60, 60)
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(s // 3600, 24)
+    return f"{days}d{hours}h" if hours else f"{days}d"
+
+
+def exact_duration(value: timedelta) -> str:
+    """A duration in full, largest unit first, as parse_duration reads it: 1h30m, 10d12h."""
+    rest = value.total_seconds()
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        n, rest = divmod(rest, size)
+        if n:
+            parts.append(f"{int(n)}{unit}")
+    if rest or not parts:
+        parts.append(f"{rest:g}s")
+    return "".join(parts)
+
+
+def ago(value: datetime | None, now: datetime) -> str:
+    """A moment for a table, seen from now: '27m ago', 'in 4m', 'now' (within a second), '-'."""
+    if value is None:
+        return "-"
+    seconds = (now - value).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    return f"{human_age(seconds)} ago" if seconds > 0 else f"in {human_age(-seconds)}"
 
 
 # -- output -------------------------------------------------------------------
@@ -211,27 +272,146 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+Fit = Literal["keep", "wrap", "clip"]
+
+
 @dataclass(frozen=True)
 class Column:
-    """A table column: its header and whether numbers align right."""
+    """A table column: its header, and how its cells give way when the table must narrow.
+
+    `keep` cells (ids, counts, names, ages) are never cut. `wrap` cells (a
+    reason, an error) wrap onto continuation lines, and when the column would
+    be narrower than WRAP_MIN_WIDTH they go under their row at the table's
+    full width. `clip` cells (a preview of a payload) are cut with an
+    ellipsis, and left out when narrower than CLIP_MIN_WIDTH. `limit` caps a
+    free-text cell at that many characters at any width: `show` and --json
+    have the whole text. Numbers align right.
+    """
 
     header: str
     right: bool = False
+    fit: Fit = "keep"
+    limit: int | None = None
 
 
-def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> str:
-    """An aligned text table with a header line."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(col.header), *(len(r[i]) for r in cells)]) for i, col in enumerate(columns)]
+# Below these widths a wrapped column reads a few words a line and a preview
+# shows next to nothing: the first goes under its row, the second is left out.
+WRAP_MIN_WIDTH = 30
+CLIP_MIN_WIDTH = 12
 
-    def line(values: Sequence[str]) -> str:
-        out = [
-            v.rjust(w) if col.right else v.ljust(w)
-            for v, w, col in zip(values, widths, columns, strict=True)
-        ]
-        return "  ".join(out).rstrip()
 
-    return "\n".join([line([c.header for c in columns]), *(line(r) for r in cells)])
+def output_width() -> int | None:
+    """The width tables fit: $COLUMNS if set, else the terminal's; None (no limit) for a pipe."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout is not None and sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _cell(column: Column, value: Any) -> str:
+    text = str(value)
+    if column.fit == "keep":
+        return text
+    one_line = " ".join(text.split())
+    return one_line if column.limit is None else clip(one_line, column.limit)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a table fits: the width of each column in it, those under each row, those left out."""
+
+    widths: dict[int, int]
+    under: list[int]
+    width: int
+    note: str
+
+
+def _fit(columns: Sequence[Column], natural: list[int], width: int) -> _Layout:
+    """The layout of a table within `width` columns.
+
+    Previews give way first, then the widest reasons and errors, a character
+    at a time. Past their minimum widths, the previews are left out, then
+    the reasons and errors go under their rows. Ids, counts and ages never
+    give way, so a table of those alone may be wider.
+    """
+    least = {"wrap": WRAP_MIN_WIDTH, "clip": CLIP_MIN_WIDTH}
+    widths = dict(enumerate(natural))
+    under: list[int] = []
+    left_out: list[str] = []
+    while True:
+        free = [i for i in widths if columns[i].fit != "keep"]
+        floor = {
+            i: min(natural[i], max(len(columns[i].header), least[columns[i].fit])) for i in free
+        }
+        over = sum(widths.values()) + 2 * (len(widths) - 1) - width
+        slack = sum(widths[i] - floor[i] for i in free)
+        if over <= slack or not free or len(widths) == 1:
+            for _ in range(max(0, min(over, slack))):
+                narrowed = max(
+                    free, key=lambda c: (widths[c] > floor[c], columns[c].fit == "clip", widths[c])
+                )
+                widths[narrowed] -= 1
+            break
+        clipped = [i for i in free if columns[i].fit == "clip"]
+        if clipped:
+            del widths[clipped[-1]]
+            left_out.insert(0, columns[clipped[-1]].header)
+        else:
+            del widths[free[-1]]
+            under.insert(0, free[-1])
+    note = f"({', '.join(left_out)} left out to fit {width} columns)" if left_out else ""
+    return _Layout(widths, under, width, note)
+
+
+def _row_lines(columns: Sequence[Column], layout: _Layout, row: list[str]) -> list[str]:
+    """One row: a line, continuation lines while a wrapped cell goes on, then the cells under it."""
+    parts: dict[int, list[str]] = {}
+    for i, w in layout.widths.items():
+        col, text = columns[i], row[i]
+        if col.fit == "wrap" and len(text) > w:
+            parts[i] = textwrap.wrap(text, w, break_on_hyphens=False)
+        elif col.fit == "clip":
+            parts[i] = [clip(text, w)]
+        else:
+            parts[i] = [text]
+    lines = []
+    for k in range(max(len(p) for p in parts.values())):
+        out = []
+        for i, w in layout.widths.items():
+            value = parts[i][k] if k < len(parts[i]) else ""
+            out.append(value.rjust(w) if columns[i].right else value.ljust(w))
+        lines.append("  ".join(out).rstrip())
+    for i in layout.under:
+        label = f"  {columns[i].header}: "
+        wrapped = textwrap.wrap(
+            row[i], max(layout.width - len(label), CLIP_MIN_WIDTH), break_on_hyphens=False
+        )
+        lines += [(label if k == 0 else " " * len(label)) + t for k, t in enumerate(wrapped)]
+    return lines
+
+
+def render_table(
+    columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int | None = None
+) -> str:
+    """An aligned text table with a header line, fitted to `width` (default: output_width()).
+
+    Within the width unless its ids, counts and ages alone are wider; with no
+    width (a pipe), one line per row.
+    """
+    cells = [[_cell(col, v) for col, v in zip(columns, row, strict=True)] for row in rows]
+    natural = [max([len(col.header), *(len(r[i]) for r in cells)]) for i, col in enumerate(columns)]
+    fit_to = output_width() if width is None else width
+    if fit_to is None:
+        layout = _Layout(dict(enumerate(natural)), [], 0, "")
+    else:
+        layout = _fit(columns, natural, fit_to)
+    header = [c.header if i in layout.widths else "" for i, c in enumerate(columns)]
+    lines = _row_lines(columns, replace(layout, under=[]), header)
+    for r in cells:
+        lines += _row_lines(columns, layout, r)
+    return "\n".join([*lines, layout.note] if layout.note else lines)
 
 
 def echo_table(

@@ -8,21 +8,24 @@ import click
 
 from pgqueue._cli._common import (
     Column,
-    clip,
+    ago,
     confirm,
     connection_options,
     duration_option,
     echo_table,
     emit_json,
+    exact_duration,
     expected_errors,
     json_option,
     open_client,
     plural,
+    server_now,
     shape,
     when,
     yes_option,
 )
 from pgqueue._cli._main import main
+from pgqueue._cli.poison import REASON_LIMIT
 
 BARRIER_FIELDS = {
     "barrier_id": "barrier_id",
@@ -73,6 +76,7 @@ def barrier_list(
 ) -> None:
     """List barriers, newest first."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
+        now = server_now(client)
         items = client.list_barriers(state=state, qty=limit)
     if as_json:
         emit_json([shape(b, BARRIER_FIELDS) for b in items])
@@ -98,8 +102,8 @@ def barrier_list(
                 b.succeeded,
                 b.failed,
                 b.remaining,
-                when(b.created_at),
-                when(b.fired_at),
+                ago(b.created_at, now),
+                ago(b.fired_at, now),
             )
             for b in items
         ],
@@ -123,6 +127,7 @@ def barrier_show(
 ) -> None:
     """Show a barrier's progress and the members that failed, with why."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
+        now = server_now(client)
         b = client.barrier_status(barrier_id)
         failures = client.barrier_failures(barrier_id, qty=limit)
     if as_json:
@@ -153,10 +158,10 @@ def barrier_show(
             Column("MSG_ID", right=True),
             Column("OUTCOME"),
             Column("COMPLETED"),
-            Column("REASON"),
+            Column("REASON", fit="wrap", limit=REASON_LIMIT),
         ],
         [
-            (f.member_index, f.msg_id, f.outcome, when(f.completed_at), clip(f.reason, 100))
+            (f.member_index, f.msg_id, f.outcome, ago(f.completed_at, now), f.reason)
             for f in failures
         ],
         empty="",
@@ -190,6 +195,7 @@ def claims() -> None:
 def claims_list(limit: int, as_json: bool, dsn: str | None, connect_timeout: float) -> None:
     """List the most recent claims: held ones with their lease, finished ones (tombstones)."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
+        now = server_now(client)
         items = client.list_claims(qty=limit)
     if as_json:
         emit_json([shape(c, CLAIM_FIELDS) for c in items])
@@ -208,9 +214,9 @@ def claims_list(limit: int, as_json: bool, dsn: str | None, connect_timeout: flo
                 c.key,
                 c.state,
                 c.owner,
-                when(c.claimed_at),
-                when(c.lease_until),
-                when(c.finished_at),
+                ago(c.claimed_at, now),
+                ago(c.lease_until, now),
+                ago(c.finished_at, now),
             )
             for c in items
         ],
@@ -228,6 +234,6 @@ def claims_purge(older_than: timedelta, yes: bool, dsn: str | None, connect_time
     After that, the same key could be claimed and its work run again.
     """
     with expected_errors(), open_client(dsn, connect_timeout) as client:
-        confirm(f"Delete claim tombstones older than {older_than.total_seconds():g}s?", yes)
+        confirm(f"Delete claim tombstones older than {exact_duration(older_than)}?", yes)
         n = client.purge_claims(older_than_seconds=int(older_than.total_seconds()))
     click.echo(f"purged {plural(n, 'tombstone')}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -13,7 +13,7 @@ import click
 from pgqueue._cli._common import (
     Column,
     Progress,
-    clip,
+    ago,
     compact_json,
     confirm,
     connection_options,
@@ -33,6 +33,7 @@ from pgqueue._cli._common import (
 from pgqueue._cli._main import main
 from pgqueue._client import Client
 from pgqueue._connection import Connection
+from pgqueue._errors import sql_literal
 from pgqueue.types import PoisonFilter, PoisonMessage
 
 POISON_FIELDS = {
@@ -47,6 +48,8 @@ POISON_FIELDS = {
 }
 # Ids per transaction for bulk requeue and purge.
 CHUNK = 500
+# Characters of a reason a table shows (wrapped); `poison show` has all of it.
+REASON_LIMIT = 300
 
 POISON_COLUMNS = [
     Column("QUEUE"),
@@ -54,22 +57,25 @@ POISON_COLUMNS = [
     Column("READ_CT", right=True),
     Column("ENQUEUED"),
     Column("POISONED"),
-    Column("REASON"),
-    Column("MESSAGE"),
+    Column("REASON", fit="wrap", limit=REASON_LIMIT),
+    Column("MESSAGE", fit="clip", limit=60),
 ]
 
 
-def poison_rows(items: Sequence[PoisonMessage]) -> list[tuple[object, ...]]:
-    """The rows of the `poison list` table."""
+def poison_rows(
+    items: Sequence[PoisonMessage], now: datetime | None = None
+) -> list[tuple[object, ...]]:
+    """The rows of the `poison list` table, with ages seen from now (the server's, if given)."""
+    at = datetime.now(UTC) if now is None else now
     return [
         (
             p.queue_name,
             p.msg_id,
             p.read_ct,
-            when(p.enqueued_at),
-            when(p.poisoned_at),
-            clip(p.reason, 90),
-            clip(compact_json(p.message), 40),
+            ago(p.enqueued_at, at),
+            ago(p.poisoned_at, at),
+            p.reason,
+            compact_json(p.message),
         )
         for p in items
     ]
@@ -100,16 +106,17 @@ def poison_list(
 ) -> None:
     """List poison messages, newest first, of QUEUE or of every queue."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
-        after = None if since is None else server_now(client) - since
+        now = server_now(client)
+        after = None if since is None else now - since
         items = client.poison_list(queue_name, qty=limit, since=after, reason=reason)
         total = client.poison_count(queue_name, PoisonFilter(after=after, reason=reason))
     if as_json:
         emit_json([shape(p, POISON_FIELDS) for p in items])
         return
-    where = f" in queue {queue_name!r}" if queue_name else ""
+    where = f" in queue {sql_literal(queue_name)}" if queue_name else ""
     echo_table(
         POISON_COLUMNS,
-        poison_rows(items),
+        poison_rows(items, now),
         empty=f"no poison messages{where}" + (" match" if since or reason else ""),
         footer=f"({len(items)} of {total}; see more with --limit)" if total > len(items) else "",
     )
@@ -128,7 +135,7 @@ def poison_show(
         p = client.poison_get(queue_name, msg_id)
     if p is None:
         fail(
-            f"queue {queue_name!r} has no poison message {msg_id};"
+            f"queue {sql_literal(queue_name)} has no poison message {msg_id};"
             f" `pgqueue poison list {queue_name}` shows the ones it has"
         )
     if as_json:
@@ -140,8 +147,11 @@ def poison_show(
     click.echo(f"enqueued:  {when(p.enqueued_at)}")
     click.echo(f"poisoned:  {when(p.poisoned_at)}")
     click.echo(f"reason:    {p.reason}")
-    click.echo("headers:")
-    click.echo(json.dumps(p.headers, indent=2, ensure_ascii=False))
+    if p.headers is None:
+        click.echo("headers:   (none)")
+    else:
+        click.echo("headers:")
+        click.echo(json.dumps(p.headers, indent=2, ensure_ascii=False))
     click.echo("message:")
     click.echo(json.dumps(p.message, indent=2, ensure_ascii=False))
 
@@ -167,7 +177,7 @@ def _explicit(
         missing = [i for i in wanted if client.poison_get(queue_name, i) is None]
         shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
         fail(
-            f"queue {queue_name!r} has no poison message {shown}; nothing was {verb}"
+            f"queue {sql_literal(queue_name)} has no poison message {shown}; nothing was {verb}"
             f" (`pgqueue poison list {queue_name}` shows the ones it has)"
         )
     return len(wanted)
@@ -185,9 +195,11 @@ def _bulk(
     """Apply act to every matching poison id, a chunk per transaction; how many it changed."""
     total = client.poison_count(queue_name, where)
     if total == 0:
-        click.echo(f"no poison messages in queue {queue_name!r} match; nothing to {verb}")
+        in_queue = f"in queue {sql_literal(queue_name)}"
+        click.echo(f"no poison messages {in_queue} match; nothing to {verb}")
         return 0
-    confirm(f"{verb.capitalize()} {plural(total, 'poison message')} of queue {queue_name!r}?", yes)
+    n = plural(total, "poison message")
+    confirm(f"{verb.capitalize()} {n} of queue {sql_literal(queue_name)}?", yes)
     bar = Progress(total, f"{verb} {queue_name}")
     done = 0
     after = 0
@@ -277,7 +289,7 @@ def _change(
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         if msg_ids:
             n = plural(len(set(msg_ids)), "poison message")
-            confirm(f"{change.verb.capitalize()} {n} of queue {queue_name!r}?", yes)
+            confirm(f"{change.verb.capitalize()} {n} of queue {sql_literal(queue_name)}?", yes)
             return _explicit(
                 client,
                 queue_name,
@@ -306,7 +318,8 @@ def poison_requeue(**selection: Any) -> None:
     per transaction. Messages poisoned again while this runs are left alone.
     """
     if done := _change(_REQUEUE, **selection):
-        click.echo(f"requeued {plural(done, 'message')} to queue {selection['queue_name']!r}")
+        queue_name = selection["queue_name"]
+        click.echo(f"requeued {plural(done, 'message')} to queue {sql_literal(queue_name)}")
 
 
 @poison.command("purge")
@@ -320,4 +333,4 @@ def poison_purge(**selection: Any) -> None:
     """
     if done := _change(_PURGE, **selection):
         queue_name = selection["queue_name"]
-        click.echo(f"purged {plural(done, 'poison message')} from queue {queue_name!r}")
+        click.echo(f"purged {plural(done, 'poison message')} from queue {sql_literal(queue_name)}")

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TextIO
 
 import click
+import psycopg
 
+from pgqueue._calls import Call, nothing
+from pgqueue._calls import queue as calls
 from pgqueue._cli._common import (
+    NOW,
     Column,
     Progress,
-    clip,
+    ago,
     compact_json,
     confirm,
     connection_options,
@@ -19,18 +26,20 @@ from pgqueue._cli._common import (
     emit_json,
     expected_errors,
     fail,
+    human_age,
     json_option,
     open_client,
     plural,
     server_now,
     shape,
-    when,
     yes_option,
 )
 from pgqueue._cli._main import main
+from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue._client import Client
-from pgqueue._errors import InvalidMessage
-from pgqueue.types import PeekedMessage, QueueMetrics
+from pgqueue._connection import Connection, execute
+from pgqueue._errors import InvalidMessage, sql_literal
+from pgqueue.types import JSON, PeekedMessage, QueueMetrics
 
 # Rows per transaction for bulk work: short transactions, steady progress.
 CHUNK = 1000
@@ -85,7 +94,7 @@ def queue_create(
                 client.create_queue(name, max_attempts=max_attempts, conn=conn)
         for name in names:
             verb = "updated" if name in existing else "created"
-            click.echo(f"{verb} queue {name!r} (max_attempts={max_attempts})")
+            click.echo(f"{verb} queue {sql_literal(name)} (max_attempts={max_attempts})")
 
 
 @queue.command("list")
@@ -94,13 +103,14 @@ def queue_create(
 def queue_list(as_json: bool, dsn: str | None, connect_timeout: float) -> None:
     """List every queue with its max-attempts."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
+        now = server_now(client)
         queues = client.list_queues()
     if as_json:
         emit_json([shape(q, QUEUE_FIELDS) for q in queues])
         return
     echo_table(
         [Column("QUEUE"), Column("MAX_ATTEMPTS", right=True), Column("CREATED")],
-        [(q.queue_name, q.max_attempts, when(q.created_at)) for q in queues],
+        [(q.queue_name, q.max_attempts, ago(q.created_at, now)) for q in queues],
         empty="no queues yet; create one with `pgqueue queue create NAME`",
     )
 
@@ -135,11 +145,12 @@ def queue_purge(name: str, yes: bool, dsn: str | None, connect_timeout: float) -
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         m = client.metrics(name)  # QueueNotFound: one line
         if m.queue_length == 0:
-            click.echo(f"queue {name!r} has no live messages; nothing to purge")
+            click.echo(f"queue {sql_literal(name)} has no live messages; nothing to purge")
             return
-        confirm(f"Delete the {plural(m.queue_length, 'live message')} of queue {name!r}?", yes)
+        live = plural(m.queue_length, "live message")
+        confirm(f"Delete the {live} of queue {sql_literal(name)}?", yes)
         done = _purge_live(client, name, m, f"purging {name}")
-        click.echo(f"purged {plural(done, 'message')} from queue {name!r}")
+        click.echo(f"purged {plural(done, 'message')} from queue {sql_literal(name)}")
 
 
 @queue.command("drop")
@@ -154,25 +165,120 @@ def queue_drop(name: str, yes: bool, dsn: str | None, connect_timeout: float) ->
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         m = client.metrics(name)  # QueueNotFound: one line
         confirm(
-            f"Drop queue {name!r} with {plural(m.queue_length, 'live message')}"
+            f"Drop queue {sql_literal(name)} with {plural(m.queue_length, 'live message')}"
             f" and {plural(m.poison_length, 'poison message')}?",
             yes,
         )
         if m.queue_length > CHUNK:
             _purge_live(client, name, m, f"emptying {name}")
         if not client.drop_queue(name):
-            fail(f"queue {name!r} was dropped by someone else meanwhile")
-        click.echo(f"dropped queue {name!r}")
+            fail(f"queue {sql_literal(name)} was dropped by someone else meanwhile")
+        click.echo(f"dropped queue {sql_literal(name)}")
+
+
+class _NotJson(ValueError):
+    """A value Python's JSON reader takes but JSON has not (NaN, Infinity, 1e999)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(
+        f"{name} is not a JSON value (JSON has no NaN or Infinity; send null or a string instead)"
+    )
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJson(f"the number {text} is out of range (beyond 1.8e308); send it as a string")
+    return value
 
 
 def _parse_json(text: str, where: str) -> Any:
+    """JSON from text; else InvalidMessage saying why, in JSON terms, and that nothing was sent."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise InvalidMessage(
             f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno});"
             " nothing was sent"
         ) from exc
+    except _NotJson as exc:
+        raise InvalidMessage(f"{where} is not valid JSON: {exc}; nothing was sent") from exc
+
+
+def stdin_prompt(stream: TextIO) -> str | None:
+    """The line to show before reading messages from stream: only when a person types them."""
+    if not stream.isatty():
+        return None
+    end = "Ctrl-Z then Enter" if sys.platform == "win32" else "Ctrl-D"
+    return (
+        f"reading messages from the terminal, one JSON value per line; end with {end}"
+        " (Ctrl-C sends nothing)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSend:
+    """A send with a dedupe key: the message that holds the key, and whether this send made it."""
+
+    msg_id: int
+    # None: the login may not call pgqueue.peek, so whether it sent is unknown.
+    sent: bool | None
+
+
+# The first statement of send_keyed's transaction (not an API call: plain Postgres).
+_REPEATABLE_READ: Call[None] = Call(
+    "repeatable_read", "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", (), nothing
+)
+
+
+def send_keyed(
+    client: Client,
+    queue_name: str,
+    message: JSON,
+    *,
+    headers: dict[str, Any] | None = None,
+    delay: int = 0,
+    dedupe_key: str,
+) -> KeyedSend:
+    """Send one message under dedupe_key, or find the unfinished one holding it; says which.
+
+    pgqueue.send returns the holder's msg_id either way, so this tells them
+    apart in one REPEATABLE READ transaction that takes its snapshot, then
+    reads the server's clock, then sends. A holder that send finds in the
+    snapshot committed before it, so was enqueued before that reading; a
+    message send inserts is enqueued after it. A holder that commits after the
+    snapshot makes the insert fail with a serialization error: the retry then
+    finds it. Retried like a client call, with one send token for all
+    attempts: a retry that finds the message an attempt inserted (its commit
+    reply lost) knows it from that attempt.
+    """
+    call = calls.send(queue_name, message, headers, delay, dedupe_key)
+    inserted: set[int] = set()
+    try:
+        for attempt in client.retry.retrying("send"):
+            with attempt, client.connection() as conn, conn.transaction():
+                execute(conn, _REPEATABLE_READ)
+                began = execute(conn, NOW)
+                msg_id = execute(conn, call)
+                sent = True if msg_id in inserted else _inserted(conn, queue_name, msg_id, began)
+                if sent:
+                    inserted.add(msg_id)
+                return KeyedSend(msg_id, sent)
+    except psycopg.Error as exc:
+        client._raise(exc, "send")
+        raise
+    raise AssertionError("unreachable: tenacity re-raises the last error")
+
+
+def _inserted(conn: Connection, queue_name: str, msg_id: int, began: datetime) -> bool | None:
+    """Whether this transaction inserted msg_id (see send_keyed); None if the login may not peek."""
+    try:
+        with conn.transaction():  # a savepoint: a refused peek must not undo the send
+            found = execute(conn, calls.peek(queue_name, 1, msg_id - 1))
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    return bool(found) and found[0].msg_id == msg_id and found[0].enqueued_at >= began
 
 
 @main.command()
@@ -180,7 +286,11 @@ def _parse_json(text: str, where: str) -> Any:
 @click.argument("message", metavar="[JSON | -]", required=False, default="-")
 @click.option("--delay", type=click.IntRange(min=0), default=0, help="Seconds before visible.")
 @click.option("--headers", default=None, metavar="JSON", help="Headers: a JSON object.")
-@click.option("--dedupe-key", default=None, help="Single-flight key (one message only).")
+@click.option(
+    "--dedupe-key",
+    default=None,
+    help="Single-flight key (one message): nothing is sent while an unfinished message holds it.",
+)
 @json_option
 @connection_options
 def send(
@@ -196,13 +306,17 @@ def send(
     """Send one JSON message to QUEUE, or with `-` (the default) one per line of stdin.
 
     All lines are checked before anything is sent, and they are sent in one
-    transaction: a bad line or a lost connection sends nothing.
+    transaction: a bad line or a lost connection sends nothing. With
+    --dedupe-key, a key an unfinished message holds sends nothing: the command
+    says so, names that message and exits 0.
     """
     with expected_errors():
         parsed_headers = None if headers is None else _parse_json(headers, "--headers")
         if parsed_headers is not None and not isinstance(parsed_headers, dict):
             raise InvalidMessage('--headers must be a JSON object like {"trace": "t-1"}')
         if message == "-":
+            if (prompt := stdin_prompt(sys.stdin)) is not None:
+                click.echo(prompt, err=True)
             messages = [
                 _parse_json(line, f"line {n} of stdin")
                 for n, line in enumerate(sys.stdin, start=1)
@@ -215,15 +329,48 @@ def send(
         else:
             messages = [_parse_json(message, "the message")]
         with open_client(dsn, connect_timeout) as client:
-            ids = _send_all(client, queue_name, messages, parsed_headers, delay, dedupe_key)
+            if dedupe_key is None:
+                ids = _send_all(client, queue_name, messages, parsed_headers, delay)
+                sent: bool | None = True
+                line = _sent_line(queue_name, ids)
+            else:
+                keyed = send_keyed(
+                    client,
+                    queue_name,
+                    messages[0],
+                    headers=parsed_headers,
+                    delay=delay,
+                    dedupe_key=dedupe_key,
+                )
+                ids, sent = [keyed.msg_id], keyed.sent
+                line = _keyed_line(queue_name, keyed, dedupe_key)
     if as_json:
-        emit_json({"queue": queue_name, "msg_ids": ids})
-    elif len(ids) == 1:
-        click.echo(f"sent msg_id {ids[0]} to queue {queue_name!r}")
+        duplicate_of = ids[0] if sent is False else None
+        emit_json({"queue": queue_name, "msg_ids": ids, "sent": sent, "duplicate_of": duplicate_of})
     else:
-        click.echo(
-            f"sent {len(ids)} messages to queue {queue_name!r} (msg_ids {ids[0]}..{ids[-1]})"
-        )
+        click.echo(line)
+
+
+def _sent_line(queue_name: str, ids: list[int]) -> str:
+    """What a send without a key did, in one line."""
+    where = f"queue {sql_literal(queue_name)}"
+    if len(ids) == 1:
+        return f"sent msg_id {ids[0]} to {where}"
+    return f"sent {len(ids)} messages to {where} (msg_ids {ids[0]}..{ids[-1]})"
+
+
+def _keyed_line(queue_name: str, keyed: KeyedSend, dedupe_key: str) -> str:
+    """What a keyed send did, in one line."""
+    where = f"queue {sql_literal(queue_name)}"
+    key = f"dedupe key {sql_literal(dedupe_key)}"
+    if keyed.sent:
+        return f"sent msg_id {keyed.msg_id} to {where}"
+    if keyed.sent is False:
+        return f"not sent: message {keyed.msg_id} (still unfinished) already holds {key} in {where}"
+    return (
+        f"msg_id {keyed.msg_id} holds {key} in {where}: sent now, or held already by an"
+        " unfinished message; this login may not call pgqueue.peek, so the command cannot tell"
+    )
 
 
 def _send_all(
@@ -232,14 +379,10 @@ def _send_all(
     messages: list[Any],
     headers: dict[str, Any] | None,
     delay: int,
-    dedupe_key: str | None,
 ) -> list[int]:
     """Send everything in one transaction (all or nothing); the msg_ids in order."""
     if len(messages) == 1:
-        msg_id = client.send(
-            queue_name, messages[0], headers=headers, delay=delay, dedupe_key=dedupe_key
-        )
-        return [msg_id]
+        return [client.send(queue_name, messages[0], headers=headers, delay=delay)]
     ids: list[int] = []
     bar = Progress(len(messages), f"sending to {queue_name}")
     try:
@@ -270,7 +413,7 @@ def peek(
 
     Nothing changes: no visibility timeout is set and read counts stay.
     STATE is visible (a read would take it), in_flight (leased to a consumer
-    until VISIBLE AT) or delayed (sent with a delay).
+    until VISIBLE) or delayed (sent with a delay).
     """
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         now = server_now(client)
@@ -284,26 +427,26 @@ def peek(
             Column("STATE"),
             Column("READ_CT", right=True),
             Column("ENQUEUED"),
-            Column("VISIBLE AT"),
-            Column("LAST ERROR"),
-            Column("MESSAGE"),
+            Column("VISIBLE"),
+            Column("LAST ERROR", fit="wrap", limit=REASON_LIMIT),
+            Column("MESSAGE", fit="clip", limit=60),
         ],
         [_peek_row(p, now) for p in got],
-        empty=f"queue {queue_name!r} has no live messages"
+        empty=f"queue {sql_literal(queue_name)} has no live messages"
         + (f" after msg_id {after}" if after else ""),
         footer=f"(first {limit}; more with --after {got[-1].msg_id})" if len(got) == limit else "",
     )
 
 
-def _peek_row(p: PeekedMessage, now: Any) -> tuple[Any, ...]:
+def _peek_row(p: PeekedMessage, now: datetime) -> tuple[Any, ...]:
     return (
         p.msg_id,
         p.state(now),
         p.read_ct,
-        when(p.enqueued_at),
-        when(p.vt),
-        clip(p.last_error or "-", 40),
-        clip(compact_json(p.message), 50),
+        ago(p.enqueued_at, now),
+        ago(p.vt, now),
+        p.last_error or "-",
+        compact_json(p.message),
     )
 
 
@@ -318,10 +461,6 @@ def metrics(queue_name: str | None, as_json: bool, dsn: str | None, connect_time
     if as_json:
         emit_json([shape(m, METRICS_FIELDS) for m in rows])
         return
-
-    def age(seconds: int | None) -> str:
-        return "-" if seconds is None else f"{seconds}s"
-
     echo_table(
         [
             Column("QUEUE"),
@@ -337,8 +476,8 @@ def metrics(queue_name: str | None, as_json: bool, dsn: str | None, connect_time
                 m.queue_name,
                 m.queue_length,
                 m.visible_length,
-                age(m.oldest_msg_age_sec),
-                age(m.newest_msg_age_sec),
+                human_age(m.oldest_msg_age_sec),
+                human_age(m.newest_msg_age_sec),
                 m.total_messages,
                 m.poison_length,
             )

@@ -95,10 +95,6 @@ def test_the_worker_names_its_dsn_option() -> None:
     assert line.endswith("check that the server is running and that the DSN (from --dsn) is right")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs pgqueue/_cli/_common.py open_client to pass dsn_source='--dsn' to from_dsn",
-)
 def test_every_command_names_its_dsn_option() -> None:
     line = error_line(run("queue", "list", "--dsn", refused_dsn()), 1)
     assert line.endswith("check that the server is running and that the DSN (from --dsn) is right")
