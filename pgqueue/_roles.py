@@ -20,6 +20,7 @@ _OPERATORS = (OPERATOR,)
 # Every API function by name (overloads share their roles), and who may call it.
 FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
     "send": _EVERYONE,
+    "send_keyed": _EVERYONE,
     "send_batch": _EVERYONE,
     "fan_out": (PRODUCER, CONSUMER),
     **dict.fromkeys(

@@ -55,6 +55,14 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyedSend:
+    """A send under a dedupe key: the message that holds the key, and whether this call sent it."""
+
+    msg_id: int
+    sent: bool  # False: an unfinished message someone else sent holds the key; nothing was sent
+
+
+@dataclass(frozen=True, slots=True)
 class PeekedMessage:
     """A live message as seen by an operator: looked at, not leased."""
 

@@ -8,7 +8,7 @@ from typing import Any
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import queue as _queue
 from pgqueue._connection import AsyncConnection, Connection
-from pgqueue.types import JSON, PeekedMessage, QueueInfo, QueueMetrics
+from pgqueue.types import JSON, KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 
 class QueueApi(SyncRunner):
@@ -58,6 +58,23 @@ class QueueApi(SyncRunner):
         retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
         """
         return self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
+
+    def send_keyed(
+        self,
+        queue: str,
+        message: JSON,
+        *,
+        dedupe_key: str,
+        headers: dict[str, Any] | None = None,
+        delay: int = 0,
+        conn: Connection | None = None,
+    ) -> KeyedSend:
+        """send() with a dedupe_key that also says whether this call sent (sent=False: held).
+
+        The same guarantees as send(..., dedupe_key=...): exactly-once across
+        retries; a retry whose first attempt committed reports sent=True.
+        """
+        return self.run(_queue.send_keyed(queue, message, dedupe_key, headers, delay), conn)
 
     def send_batch(
         self,
@@ -121,6 +138,20 @@ class AsyncQueueApi(AsyncRunner):
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns."""
         return await self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
+
+    async def send_keyed(
+        self,
+        queue: str,
+        message: JSON,
+        *,
+        dedupe_key: str,
+        headers: dict[str, Any] | None = None,
+        delay: int = 0,
+        conn: AsyncConnection | None = None,
+    ) -> KeyedSend:
+        """send() with a dedupe_key that also says whether this call sent (sent=False: held)."""
+        call = _queue.send_keyed(queue, message, dedupe_key, headers, delay)
+        return await self.run(call, conn)
 
     async def send_batch(
         self,

@@ -19,7 +19,7 @@ from pgqueue._calls import (
     scalar,
 )
 from pgqueue._errors import InvalidArgument
-from pgqueue.types import JSON, Message, PeekedMessage, QueueInfo, QueueMetrics
+from pgqueue.types import JSON, KeyedSend, Message, PeekedMessage, QueueInfo, QueueMetrics
 
 _RECORD = "msg_id, read_ct, enqueued_at, vt, message, headers"
 
@@ -96,6 +96,30 @@ def send(
             token,
         ),
         scalar,
+    )
+
+
+def send_keyed(
+    queue: str,
+    message: JSON,
+    dedupe_key: str,
+    headers: dict[str, Any] | None = None,
+    delay: int = 0,
+) -> Call[KeyedSend]:
+    """Enqueue one message under dedupe_key unless an unfinished one holds it; says which."""
+    token = uuid.uuid4()  # one per call: its retries know their own earlier attempt
+    return Call(
+        "send",
+        "SELECT msg_id, sent FROM pgqueue.send_keyed(%s, %s::jsonb, %s, %s::jsonb, %s, %s)",
+        (
+            queue,
+            encode_json(message, "message"),
+            dedupe_key,
+            None if headers is None else encode_json(headers, "headers"),
+            int32("delay", delay),
+            token,
+        ),
+        lambda rows: KeyedSend(int(rows[0][0]), bool(rows[0][1])),
     )
 
 

@@ -5,17 +5,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
 import click
-import psycopg
 
-from pgqueue._calls import Call, nothing
-from pgqueue._calls import queue as calls
 from pgqueue._cli._common import (
-    NOW,
     Column,
     Progress,
     ago,
@@ -37,9 +32,8 @@ from pgqueue._cli._common import (
 from pgqueue._cli._main import main
 from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue._client import Client
-from pgqueue._connection import Connection, execute
 from pgqueue._errors import InvalidMessage, sql_literal
-from pgqueue.types import JSON, PeekedMessage, QueueMetrics
+from pgqueue.types import KeyedSend, PeekedMessage, QueueMetrics
 
 # Rows per transaction for bulk work: short transactions, steady progress.
 CHUNK = 1000
@@ -217,70 +211,6 @@ def stdin_prompt(stream: TextIO) -> str | None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class KeyedSend:
-    """A send with a dedupe key: the message that holds the key, and whether this send made it."""
-
-    msg_id: int
-    # None: the login may not call pgqueue.peek, so whether it sent is unknown.
-    sent: bool | None
-
-
-# The first statement of send_keyed's transaction (not an API call: plain Postgres).
-_REPEATABLE_READ: Call[None] = Call(
-    "repeatable_read", "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", (), nothing
-)
-
-
-def send_keyed(
-    client: Client,
-    queue_name: str,
-    message: JSON,
-    *,
-    headers: dict[str, Any] | None = None,
-    delay: int = 0,
-    dedupe_key: str,
-) -> KeyedSend:
-    """Send one message under dedupe_key, or find the unfinished one holding it; says which.
-
-    pgqueue.send returns the holder's msg_id either way, so this tells them
-    apart in one REPEATABLE READ transaction that takes its snapshot, then
-    reads the server's clock, then sends. A holder that send finds in the
-    snapshot committed before it, so was enqueued before that reading; a
-    message send inserts is enqueued after it. A holder that commits after the
-    snapshot makes the insert fail with a serialization error: the retry then
-    finds it. Retried like a client call, with one send token for all
-    attempts: a retry that finds the message an attempt inserted (its commit
-    reply lost) knows it from that attempt.
-    """
-    call = calls.send(queue_name, message, headers, delay, dedupe_key)
-    inserted: set[int] = set()
-    try:
-        for attempt in client.retry.retrying("send"):
-            with attempt, client.connection() as conn, conn.transaction():
-                execute(conn, _REPEATABLE_READ)
-                began = execute(conn, NOW)
-                msg_id = execute(conn, call)
-                sent = True if msg_id in inserted else _inserted(conn, queue_name, msg_id, began)
-                if sent:
-                    inserted.add(msg_id)
-                return KeyedSend(msg_id, sent)
-    except psycopg.Error as exc:
-        client._raise(exc, "send")
-        raise
-    raise AssertionError("unreachable: tenacity re-raises the last error")
-
-
-def _inserted(conn: Connection, queue_name: str, msg_id: int, began: datetime) -> bool | None:
-    """Whether this transaction inserted msg_id (see send_keyed); None if the login may not peek."""
-    try:
-        with conn.transaction():  # a savepoint: a refused peek must not undo the send
-            found = execute(conn, calls.peek(queue_name, 1, msg_id - 1))
-    except psycopg.errors.InsufficientPrivilege:
-        return None
-    return bool(found) and found[0].msg_id == msg_id and found[0].enqueued_at >= began
-
-
 @main.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("message", metavar="[JSON | -]", required=False, default="-")
@@ -331,16 +261,15 @@ def send(
         with open_client(dsn, connect_timeout) as client:
             if dedupe_key is None:
                 ids = _send_all(client, queue_name, messages, parsed_headers, delay)
-                sent: bool | None = True
+                sent = True
                 line = _sent_line(queue_name, ids)
             else:
-                keyed = send_keyed(
-                    client,
+                keyed = client.send_keyed(
                     queue_name,
                     messages[0],
+                    dedupe_key=dedupe_key,
                     headers=parsed_headers,
                     delay=delay,
-                    dedupe_key=dedupe_key,
                 )
                 ids, sent = [keyed.msg_id], keyed.sent
                 line = _keyed_line(queue_name, keyed, dedupe_key)
@@ -365,12 +294,7 @@ def _keyed_line(queue_name: str, keyed: KeyedSend, dedupe_key: str) -> str:
     key = f"dedupe key {sql_literal(dedupe_key)}"
     if keyed.sent:
         return f"sent msg_id {keyed.msg_id} to {where}"
-    if keyed.sent is False:
-        return f"not sent: message {keyed.msg_id} (still unfinished) already holds {key} in {where}"
-    return (
-        f"msg_id {keyed.msg_id} holds {key} in {where}: sent now, or held already by an"
-        " unfinished message; this login may not call pgqueue.peek, so the command cannot tell"
-    )
+    return f"not sent: message {keyed.msg_id} (still unfinished) already holds {key} in {where}"
 
 
 def _send_all(

@@ -25,6 +25,7 @@ CREATE TABLE pgqueue.role_grant (
 
 INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.send_keyed(text,jsonb,text,jsonb,integer,uuid)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.send_batch(text,jsonb[],jsonb[],integer)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.fan_out(text,jsonb[],text,jsonb,text,jsonb,integer)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.archive(text,bigint)', '{pgqueue_consumer}'),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from support.db import run_threads
 
@@ -105,3 +107,28 @@ def test_finish_retried_after_a_lost_reply_still_reports_success(client: Client)
     assert client.run(c.finish("k", "w1")) is True
     assert client.run(c.finish("k", "w1")) is True
     assert client.run(c.finish("k", "w2")) is False
+
+
+SEND_KEYED = "SELECT msg_id, sent FROM pgqueue.send_keyed(%s, %s::jsonb, %s, NULL, 0, %s)"
+
+
+def test_send_keyed_says_whether_this_call_sent_even_when_retried_after_its_message_was_acked(
+    client: Client, sql: Any, queue: str
+) -> None:
+    """A retry (the same send_token) of an attempt that committed is told it sent."""
+    first, other = uuid.uuid4(), uuid.uuid4()
+    assert sql.execute(SEND_KEYED, (queue, "1", "k", first)).fetchall() == [(1, True)]
+    assert sql.execute(SEND_KEYED, (queue, "2", "k", other)).fetchall() == [(1, False)]
+    assert sql.execute(SEND_KEYED, (queue, "1", "k", first)).fetchall() == [(1, True)]
+    [m] = client.read(queue, vt=30, qty=1)
+    assert client.delete(queue, m.msg_id)  # consumed: the key is free, a receipt remains
+    assert sql.execute(SEND_KEYED, (queue, "1", "k", first)).fetchall() == [(1, True)]
+    assert client.metrics(queue).total_messages == 1
+    assert client.send_keyed(queue, 3, dedupe_key="k").sent  # a new call sends again
+    without_token = "SELECT msg_id, sent FROM pgqueue.send_keyed(%s, '4', 'k')"
+    assert sql.execute(without_token, (queue,)).fetchall() == [(2, False)]
+
+
+def test_send_keyed_refuses_a_missing_key(sql: Any, queue: str) -> None:
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="dedupe_key must not be NULL"):
+        sql.execute(SEND_KEYED, (queue, "1", None, uuid.uuid4()))
