@@ -93,7 +93,7 @@ def run_demo(
     Its closing lines are commands that run as printed: `export_dsn` is the
     DSN they need exported (None when the environment already names it).
     """
-    from pgqueue._cli._common import render_table
+    from pgqueue._cli._common import render_table, server_now
     from pgqueue._cli.poison import POISON_COLUMNS, poison_rows
 
     started = time.monotonic()
@@ -154,7 +154,7 @@ def run_demo(
     echo("")
     echo(f"$ pgqueue poison list {ORDERS}")
     poisoned = client.poison_list(ORDERS)
-    echo(render_table(POISON_COLUMNS, poison_rows(poisoned)))
+    echo(render_table(POISON_COLUMNS, poison_rows(poisoned, server_now(client))))
     echo("")
     broken_id = poisoned[0].msg_id if poisoned else "MSG_ID"
     for line in next_steps(barrier_id, broken_id, export_dsn, embedded):
