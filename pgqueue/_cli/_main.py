@@ -15,6 +15,8 @@ def main() -> None:
     Every command that talks to the database takes --dsn, else $PGQUEUE_DSN,
     else $DATABASE_URL. Exit codes: 0 done, 1 error (nothing was changed
     unless the message says so), 2 usage error, 130 interrupted.
-    Logs go to stderr: PGQUEUE_LOG_FORMAT=json|console, PGQUEUE_LOG_LEVEL.
+    Logs go to stderr: PGQUEUE_LOG_FORMAT=json|console, PGQUEUE_LOG_LEVEL
+    (WARNING for an operator's command, whose output says what it did; INFO
+    for the worker).
     """
-    setup_logging()
+    setup_logging("WARNING")

@@ -73,6 +73,7 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
     """
     from pgqueue._worker import Worker, WorkerSettings, load_app
 
+    setup_logging("INFO")  # a worker's life is its log (the other commands: WARNING)
     # As `python -m` does: the project the worker is started from is importable.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())

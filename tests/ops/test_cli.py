@@ -25,6 +25,31 @@ def test_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
     assert again.exit_code == 0 and "up to date" in again.output
 
 
+def test_an_operators_command_that_succeeds_says_it_on_stdout_and_nothing_on_stderr(
+    empty_dsn: str,
+) -> None:
+    """Its output says what it did; INFO lines (one per migration) were noise on stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_LOG")}
+    for args in (["migrate"], ["queue", "create", "jobs"], ["send", "jobs", "{}"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "pgqueue", *args, "--dsn", empty_dsn],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout and result.stderr == "", (args, result.stderr)
+    loud = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "queue", "create", "more", "--dsn", empty_dsn],
+        env=dict(env, PGQUEUE_LOG_LEVEL="DEBUG"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loud.returncode == 0 and loud.stderr  # the level is still the user's to raise
+
+
 def test_migrate_without_any_dsn_says_how_to_give_one(monkeypatch: object) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
     result = subprocess.run(
