@@ -90,8 +90,9 @@ def test_a_missing_database_is_refused_by_a_server_that_answered(server_dsn: str
     text = _error(with_dbname(server_dsn, MISSING_DB), wait_seconds=30)
     assert time.monotonic() - start < 5  # refused is final: never waited for
     host, port = params.get("host") or "localhost", params.get("port") or 5432
+    server = f"socket {host}/.s.PGSQL.{port}" if host.startswith("/") else f"{host}:{port}"
     assert text == (
-        f"the server at {host}:{port} answered but refused the connection: database '{MISSING_DB}'"
+        f"the server at {server} answered but refused the connection: database '{MISSING_DB}'"
         f" does not exist; create it (CREATE DATABASE {MISSING_DB}) or fix the database name"
         " in the DSN (from the dsn argument)"
     ), text
