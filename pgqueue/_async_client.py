@@ -20,6 +20,7 @@ from pgqueue._api.single_flight import AsyncSingleFlightApi
 from pgqueue._calls import Call
 from pgqueue._connection import (
     AsyncConnection,
+    Observers,
     PoolSpec,
     raise_translated,
     run_on_async_pool,
@@ -43,6 +44,7 @@ class AsyncClient(
         owns_pool: bool = False,
         dsn_label: str = "the database",
         role: str | None = None,
+        observers: Observers | None = None,
     ) -> None:
         """Wrap an open async pool; `owns_pool` makes close() close it too; `role`: its login."""
         self.pool = pool
@@ -50,6 +52,9 @@ class AsyncClient(
         self._owns_pool = owns_pool
         self._dsn_label = dsn_label
         self._role = role
+        # What its calls meet beside their results (retries, a read's poison
+        # drops); a pool built elsewhere reports no notices to it.
+        self.observers = observers or Observers()
 
     @classmethod
     async def from_dsn(
@@ -68,10 +73,13 @@ class AsyncClient(
         spec = PoolSpec.resolve(
             dsn, min_size, max_size, connect_timeout, prepare_threshold, dsn_source
         )
-        pool = spec.async_pool()
+        observers = Observers()
+        pool = spec.async_pool(observers)
         role = await spec.probe_async(wait_seconds)
         await pool.open(wait=False)
-        return cls(pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role)
+        return cls(
+            pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role, observers=observers
+        )
 
     async def close(self) -> None:
         """Close the pool if this client opened it."""
@@ -98,7 +106,7 @@ class AsyncClient(
     async def run(self, call: Call[T], conn: AsyncConnection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
         return await run_on_async_pool(
-            self.pool, call, self.retry, self._dsn_label, self._role, conn
+            self.pool, call, self.retry, self._dsn_label, self._role, conn, self.observers
         )
 
     def _raise(self, exc: psycopg.Error, what: str) -> None:

@@ -17,7 +17,13 @@ from pgqueue._api.poison import PoisonApi
 from pgqueue._api.queue import QueueApi
 from pgqueue._api.single_flight import SingleFlightApi
 from pgqueue._calls import Call
-from pgqueue._connection import Connection, PoolSpec, raise_translated, run_on_pool
+from pgqueue._connection import (
+    Connection,
+    Observers,
+    PoolSpec,
+    raise_translated,
+    run_on_pool,
+)
 from pgqueue._retry import RetryPolicy
 from pgqueue._settings import UNSET, Unset
 
@@ -35,6 +41,7 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         owns_pool: bool = False,
         dsn_label: str = "the database",
         role: str | None = None,
+        observers: Observers | None = None,
     ) -> None:
         """Wrap an open pool; `owns_pool` makes close() close it too; `role` names its login."""
         self.pool = pool
@@ -42,6 +49,9 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         self._owns_pool = owns_pool
         self._dsn_label = dsn_label
         self._role = role
+        # What its calls meet beside their results (retries, a read's poison
+        # drops); a pool built elsewhere reports no notices to it.
+        self.observers = observers or Observers()
 
     @classmethod
     def from_dsn(
@@ -73,12 +83,15 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         spec = PoolSpec.resolve(
             dsn, min_size, max_size, connect_timeout, prepare_threshold, dsn_source
         )
-        pool = spec.pool()
+        observers = Observers()
+        pool = spec.pool(observers)
         # Fail fast with one clear line rather than at the first call; and
         # learn the login role, which permission errors name.
         role = spec.probe(wait_seconds)
         pool.open(wait=False)
-        return cls(pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role)
+        return cls(
+            pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role, observers=observers
+        )
 
     def close(self) -> None:
         """Close the pool if this client opened it."""
@@ -104,7 +117,9 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
 
     def run(self, call: Call[T], conn: Connection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
-        return run_on_pool(self.pool, call, self.retry, self._dsn_label, self._role, conn)
+        return run_on_pool(
+            self.pool, call, self.retry, self._dsn_label, self._role, conn, self.observers
+        )
 
     def _raise(self, exc: psycopg.Error, what: str) -> None:
         raise_translated(exc, what, self._dsn_label, self._role)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -75,14 +76,36 @@ def raise_translated(
 SQLSTATE_POISONED_NOTICE = "PGQ10"
 
 
-def log_notice(diag: psycopg.errors.Diagnostic) -> None:
-    """Log what pgqueue's SQL tells the client by NOTICE: one line per message a read poisoned."""
+@dataclass(eq=False)
+class Observers:
+    """Who hears what a client's calls meet beside their results (a worker's metrics do).
+
+    Callbacks run on the thread of the call (or the connection's notice
+    handler); they must be quick and must not raise.
+    """
+
+    # the queue, once per message a read poison-dropped (reported by NOTICE)
+    read_poisoned: list[Callable[[str], None]] = field(default_factory=list)
+    # the call's name, once per retry on a fresh connection
+    retried: list[Callable[[str], None]] = field(default_factory=list)
+
+    def retry(self, what: str) -> None:
+        """Tell every retry observer."""
+        for callback in self.retried:
+            callback(what)
+
+
+def log_notice(diag: psycopg.errors.Diagnostic) -> str | None:
+    """Log what pgqueue's SQL tells the client by NOTICE: one line per message a read poisoned.
+
+    Returns the poisoned message's queue (None for any other notice).
+    """
     if diag.sqlstate != SQLSTATE_POISONED_NOTICE:
-        return
+        return None
     try:
         what = json.loads(diag.message_detail or "")
     except ValueError:
-        return
+        return None
     log.warning(
         "message.poisoned",
         queue=what.get("queue"),
@@ -91,16 +114,20 @@ def log_notice(diag: psycopg.errors.Diagnostic) -> None:
         reason=what.get("reason"),
         by="read",
     )
+    queue = what.get("queue")
+    return queue if isinstance(queue, str) else None
 
 
-def configure(conn: Connection) -> None:
-    """What every pooled connection of a Client gets: pgqueue's notices logged."""
-    conn.add_notice_handler(log_notice)
+def notice_handler(observers: Observers) -> Callable[[psycopg.errors.Diagnostic], None]:
+    """What every pooled connection of a client gets: notices logged, poison drops observed."""
 
+    def handle(diag: psycopg.errors.Diagnostic) -> None:
+        queue = log_notice(diag)
+        if queue is not None:
+            for callback in observers.read_poisoned:
+                callback(queue)
 
-async def configure_async(conn: AsyncConnection) -> None:
-    """The same for an AsyncClient's connections."""
-    conn.add_notice_handler(log_notice)
+    return handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +194,13 @@ class PoolSpec:
     POOL_WAIT = 1.0
     RECONNECT_FOR = 1.0
 
-    def pool(self) -> ConnectionPool[Connection]:
-        """A pool for a Client, not opened yet."""
+    def pool(self, observers: Observers) -> ConnectionPool[Connection]:
+        """A pool for a Client, not opened yet; its connections report to `observers`."""
+        handler = notice_handler(observers)
+
+        def configure(conn: Connection) -> None:
+            conn.add_notice_handler(handler)
+
         return ConnectionPool(
             self.dsn,
             min_size=self.min_size,
@@ -181,8 +213,13 @@ class PoolSpec:
             name="pgqueue",
         )
 
-    def async_pool(self) -> AsyncConnectionPool[AsyncConnection]:
-        """A pool for an AsyncClient, not opened yet."""
+    def async_pool(self, observers: Observers) -> AsyncConnectionPool[AsyncConnection]:
+        """A pool for an AsyncClient, not opened yet; its connections report to `observers`."""
+        handler = notice_handler(observers)
+
+        async def configure_async(conn: AsyncConnection) -> None:
+            conn.add_notice_handler(handler)
+
         return AsyncConnectionPool(
             self.dsn,
             min_size=self.min_size,
@@ -275,6 +312,7 @@ def run_on_pool(
     label: str,
     role: str | None,
     conn: Connection | None = None,
+    observers: Observers | None = None,
 ) -> T:
     """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
     try:
@@ -282,7 +320,8 @@ def run_on_pool(
             # The caller's transaction: retrying here could split it, so never.
             return execute(conn, call)
         policy = retry if call.retryable else NO_RETRY
-        for attempt in policy.retrying(call.name):
+        on_retry = observers.retry if observers is not None else None
+        for attempt in policy.retrying(call.name, on_retry):
             with attempt:
                 try:
                     with pool.connection() as pooled:
@@ -306,13 +345,15 @@ async def run_on_async_pool(
     label: str,
     role: str | None,
     conn: AsyncConnection | None = None,
+    observers: Observers | None = None,
 ) -> T:
     """The asyncio twin of run_on_pool."""
     try:
         if conn is not None:
             return await execute_async(conn, call)
         policy = retry if call.retryable else NO_RETRY
-        async for attempt in policy.async_retrying(call.name):
+        on_retry = observers.retry if observers is not None else None
+        async for attempt in policy.async_retrying(call.name, on_retry):
             with attempt:
                 try:
                     async with pool.connection() as pooled:

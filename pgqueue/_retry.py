@@ -94,29 +94,40 @@ class RetryPolicy:
             multiplier=self.initial_wait_seconds, max=self.max_wait_seconds
         )
 
-    def retrying(self, what: str) -> tenacity.Retrying:
-        """Retry `what` on dead connections and rolled-back transactions only, bounded, jittered."""
+    def retrying(
+        self, what: str, on_retry: Callable[[str], None] | None = None
+    ) -> tenacity.Retrying:
+        """Retry `what` on dead connections and rolled-back transactions only, bounded, jittered.
+
+        Each retry is logged (`connection.retry`) and told to `on_retry`.
+        """
         return tenacity.Retrying(
             stop=self._stop(),
             wait=self._wait(),
             retry=tenacity.retry_if_exception(is_retryable),
-            before_sleep=_log_retry(what),
+            before_sleep=_log_retry(what, on_retry),
             reraise=True,
         )
 
-    def async_retrying(self, what: str) -> tenacity.AsyncRetrying:
+    def async_retrying(
+        self, what: str, on_retry: Callable[[str], None] | None = None
+    ) -> tenacity.AsyncRetrying:
         """The asyncio twin of `retrying`."""
         return tenacity.AsyncRetrying(
             stop=self._stop(),
             wait=self._wait(),
             retry=tenacity.retry_if_exception(is_retryable),
-            before_sleep=_log_retry(what),
+            before_sleep=_log_retry(what, on_retry),
             reraise=True,
         )
 
 
-def _log_retry(what: str) -> Callable[[tenacity.RetryCallState], None]:
+def _log_retry(
+    what: str, on_retry: Callable[[str], None] | None
+) -> Callable[[tenacity.RetryCallState], None]:
     def before_sleep(state: tenacity.RetryCallState) -> None:
+        if on_retry is not None:
+            on_retry(what)
         exc = state.outcome.exception() if state.outcome else None
         log.warning(
             "connection.retry",

@@ -58,6 +58,7 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
             "purge_queue",
             "purge_queue_chunk",
             "peek",
+            "exporter_metrics",
             "poison_list",
             "poison_get",
             "poison_count",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -13,6 +14,7 @@ import click
 from pgqueue._cli._common import (
     connection_options,
     expected_errors,
+    fail,
     open_client,
     setup_logging,
 )
@@ -64,6 +66,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     default=None,
     help="Seconds to wait for a database that is down or starting [60].",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue[prometheus].",
+)
 def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: Any) -> None:
     """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.
 
@@ -87,6 +95,8 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
             settings = WorkerSettings.from_env(queues=queues or None, **options)
         except InvalidSettings as exc:
             raise settings_usage_error(ctx, exc) from exc
+        if settings.metrics_port and importlib.util.find_spec("prometheus_client") is None:
+            fail("--metrics-port needs prometheus_client: pip install 'pgqueue[prometheus]'", 2)
         try:
             app.consumed(settings.queues)
         except InvalidArgument as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pgqueue._calls import encode_json
 from pgqueue._connection import Connection
@@ -29,6 +29,9 @@ from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
 from pgqueue._worker.leases import DB_ERRORS
 from pgqueue.types import Message
+
+if TYPE_CHECKING:
+    from pgqueue._metrics import WorkerMetrics
 
 Done = tuple[Task, Any]  # a finished task and its handler's result
 
@@ -45,10 +48,17 @@ class Acker:
     MAX_BATCH: ClassVar[int] = 500
 
     def __init__(
-        self, db: WorkerDb, inflight: InFlight, clock: Clock, log: Any, interval: float = 0.01
+        self,
+        db: WorkerDb,
+        inflight: InFlight,
+        clock: Clock,
+        log: Any,
+        interval: float = 0.01,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """An acker that waits `interval` for a batch to gather; start() starts its threads."""
         self.db = db
+        self.metrics = metrics
         self.inflight = inflight
         self.clock = clock
         self.log = log
@@ -144,6 +154,8 @@ class Acker:
     def done(self, task: Task) -> None:
         """Count an acked message (and say so at DEBUG)."""
         self.handled += 1
+        if self.metrics is not None:
+            self.metrics.count(task.msg.queue, "acked")
         if self._debug:
             message_log(self.log, task.msg).debug(
                 "message.acked", seconds=round(self.clock.now() - task.started, 3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgqueue._errors import InvalidArgument, Poison, Retry
 from pgqueue._worker.acker import Acker
@@ -22,6 +22,9 @@ from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import Batch, InFlight, Task, message_log
 from pgqueue._worker.leases import Leases
 from pgqueue.types import Message
+
+if TYPE_CHECKING:
+    from pgqueue._metrics import WorkerMetrics
 
 # Why a message that waited locally past its lease goes back instead of starting.
 EXPIRED = "its lease ran out while it waited (the worker was stalled)"
@@ -44,9 +47,11 @@ class Dispatcher:
         stopping: threading.Event,
         clock: Clock,
         log: Any,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """Handler threads for one worker; start() starts them."""
         self.concurrency = concurrency
+        self.metrics = metrics
         self.db = db
         self.inflight = inflight
         self.leases = leases
@@ -122,6 +127,7 @@ class Dispatcher:
             self.leases.give_back_many(expired, EXPIRED)
         if not started:
             return  # given back, or left for the shutdown to give back
+        begun = self._begun(started) if self.metrics is not None else 0.0
         try:
             if handler.transactional:
                 self._run_transactional([task], lambda conn: [handler.func(msg, conn)])
@@ -142,6 +148,8 @@ class Dispatcher:
             # goes to the poison table.
             self.leases.nack(task, exc)
         finally:
+            if self.metrics is not None:
+                self.metrics.handler_ran(handler.queue, self.clock.now() - begun)
             self._forget(task)
 
     def _process_batch(self, batch: Batch) -> None:
@@ -155,6 +163,7 @@ class Dispatcher:
             return
         handler = batch.handler
         msgs = [t.msg for t in tasks]
+        begun = self._begun(tasks) if self.metrics is not None else 0.0
         try:
             if handler.transactional:
                 self._run_transactional(
@@ -176,9 +185,19 @@ class Dispatcher:
             for task in tasks:
                 self.leases.nack(task, exc)
         finally:
+            if self.metrics is not None:
+                self.metrics.handler_ran(handler.queue, self.clock.now() - begun)
             for task in batch.tasks:
                 if task.running or task.abandoned:
                     self._forget(task)
+
+    def _begun(self, started: list[Task]) -> float:
+        """The handler's start; each task's claim latency is observed (metrics on only)."""
+        now = self.clock.now()
+        if self.metrics is not None:
+            for task in started:
+                self.metrics.claimed(task.msg, task.read_at, now)
+        return now
 
     def _run_transactional(self, tasks: list[Task], handle: Any) -> None:
         """Run the handler and ack in one transaction: its writes commit once, or not at all.

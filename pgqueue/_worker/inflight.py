@@ -31,6 +31,7 @@ class Task:
     # heartbeats, and no nack, release or poison of the other reader's lease.
     lease_lost: bool = False
     batch: Batch | None = None  # the batch it runs in, for a batch handler
+    read_at: float = 0.0  # when the read that leased it started (claim latency)
 
     @property
     def unit(self) -> Task | Batch:
@@ -116,6 +117,14 @@ class InFlight:
             self.finished += 1
         self.changed.set()
         return recovered
+
+    def by_queue(self) -> dict[str, int]:
+        """How many messages are held, by queue (waiting for a handler or running)."""
+        counts: dict[str, int] = {}
+        with self._lock:
+            for queue, _ in self._tasks:
+                counts[queue] = counts.get(queue, 0) + 1
+        return counts
 
     def awaiting_ack(self, tasks: list[Task]) -> None:
         """These finished messages wait for their ack: keep their leases alive until acked()."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -20,6 +20,9 @@ from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
 from pgqueue._worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from pgqueue._metrics import WorkerMetrics
 
 # What a database call of the runtime may raise: pgqueue's own errors, and a
 # database error pgqueue does not translate (a deadlock still failing after its
@@ -31,10 +34,17 @@ class Leases:
     """Keeps the leases of running messages, and gives back what the worker will not finish."""
 
     def __init__(
-        self, db: WorkerDb, inflight: InFlight, settings: WorkerSettings, clock: Clock, log: Any
+        self,
+        db: WorkerDb,
+        inflight: InFlight,
+        settings: WorkerSettings,
+        clock: Clock,
+        log: Any,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """The lease duty of one worker."""
         self.db = db
+        self.metrics = metrics
         self.inflight = inflight
         self.settings = settings
         self.clock = clock
@@ -80,6 +90,8 @@ class Leases:
         """Our lease on the message is gone: say so once, and never touch that lease again."""
         if self.inflight.mark_lease_lost(task):  # not for a heartbeat racing our own ack
             message_log(self.log, task.msg).warning("message.lease_lost")
+            if self.metrics is not None:
+                self.metrics.count(task.msg.queue, "lease_lost")
 
     def release_hung(self) -> None:
         """Give back the messages whose handlers ran past the hard timeout."""
@@ -138,6 +150,8 @@ class Leases:
                     self.lost(task)
                     continue
                 released += 1
+                if self.metrics is not None:
+                    self.metrics.count(queue, "released")
                 mlog = message_log(self.log, task.msg)
                 log = mlog.warning if task.running else mlog.debug
                 log("message.released", why=why, started=task.running)
@@ -162,6 +176,8 @@ class Leases:
         except DB_ERRORS as nack_exc:
             mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
             return
+        if outcome in ("retry", "poisoned") and self.metrics is not None:
+            self.metrics.count(msg.queue, "nacked" if outcome == "retry" else "poisoned")
         if outcome == "retry":
             mlog.warning("message.failed", error=error, retry_in=delay)
         elif outcome == "poisoned":
@@ -189,5 +205,7 @@ class Leases:
             return
         if moved:
             message_log(self.log, msg).warning("message.poisoned", reason=reason, by="handler")
+            if self.metrics is not None:
+                self.metrics.count(msg.queue, "poisoned")
         else:
             self.lost(task)

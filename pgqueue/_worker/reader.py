@@ -119,7 +119,7 @@ class Reader:
                 self.stopping.wait(s.poll_interval)
                 continue
             handler = self.app.handlers[queue]
-            tasks = [Task(msg, handler, read_at, read_at + s.vt) for msg in msgs]
+            tasks = [Task(msg, handler, read_at, read_at + s.vt, read_at=read_at) for msg in msgs]
             batch = Batch(tasks) if handler.batch and tasks else None
             for task in tasks:
                 task.batch = batch

@@ -14,12 +14,13 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import structlog
 
 from pgqueue._client import Client
 from pgqueue._connection import connect_refusal
-from pgqueue._errors import ConnectionLost, QueueNotFound
+from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock, SystemClock
@@ -30,6 +31,9 @@ from pgqueue._worker.leases import DB_ERRORS, Leases
 from pgqueue._worker.listener import Listener
 from pgqueue._worker.reader import Reader
 from pgqueue._worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from pgqueue._metrics import WorkerMetrics
 
 # How often at most the loop looks at every held message (heartbeats, hard
 # timeouts, the health file); leases need extending seconds ahead, not sooner.
@@ -60,8 +64,9 @@ class Worker:
         self._stopping = threading.Event()
         self._forced = threading.Event()
         self.inflight = InFlight(s.concurrency)
-        self.leases = Leases(self.db, self.inflight, s, self.clock, self.log)
-        self.acker = Acker(self.db, self.inflight, self.clock, self.log)
+        self.metrics = m = _metrics(s, client, self.db, self.inflight)
+        self.leases = Leases(self.db, self.inflight, s, self.clock, self.log, m)
+        self.acker = Acker(self.db, self.inflight, self.clock, self.log, metrics=m)
         self.dispatcher = Dispatcher(
             s.concurrency,
             self.db,
@@ -71,6 +76,7 @@ class Worker:
             self._stopping,
             self.clock,
             self.log,
+            m,
         )
         self.reader = Reader(
             app, s, self.db, self.inflight, self.dispatcher, self._stopping, self.clock, self.log
@@ -100,7 +106,17 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         s = self.settings
-        self._check_queues()
+        if self.metrics is not None:
+            # Served from the start: a worker waiting for its database is
+            # scraped as up 0, not missing.
+            self.metrics.serve(s.metrics_port)
+        try:
+            self._check_queues()
+        except BaseException:
+            self._close_metrics()
+            raise
+        if self.metrics is not None:
+            self.metrics.up.set(1)
         self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
         listener = (
             Listener(s.listen_dsn or self.db.conninfo(), s.queues, self._stopping, self.log)
@@ -129,8 +145,27 @@ class Worker:
             self.reader.join()  # a read in progress holds its tasks before shutdown looks
             if listener:
                 listener.close()
-            code = self._shutdown()
+            if self.metrics is not None:
+                self.metrics.up.set(0)
+            try:
+                code = self._shutdown()
+            finally:
+                self._close_metrics()
         return code
+
+    def _close_metrics(self) -> None:
+        """Stop serving /metrics and stop hearing the client's events."""
+        m = self.metrics
+        if m is None:
+            return
+        observers = self.db.client.observers
+        for hooks, hook in (
+            (observers.retried, m.retried),
+            (observers.read_poisoned, m.read_poisoned),
+        ):
+            if hook in hooks:
+                hooks.remove(hook)
+        m.close()
 
     def _check_queues(self) -> None:
         """Wait for the database (up to startup_timeout); refuse queues that are missing.
@@ -222,3 +257,27 @@ class Worker:
         self.dispatcher.close()
         self.log.info("worker.stopped", handled=self.handled, released=released)
         return 130 if self._forced.is_set() else 0
+
+
+def _metrics(
+    settings: WorkerSettings, client: Client, db: WorkerDb, inflight: InFlight
+) -> WorkerMetrics | None:
+    """The worker's metrics when settings.metrics_port is set (else None: nothing is imported).
+
+    They hear the retries and a read's poison drops of `client` through its
+    observers (subscribed here; Worker.run unsubscribes them when it ends).
+    """
+    if not settings.metrics_port:
+        return None
+    try:
+        from pgqueue._metrics import WorkerMetrics
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"metrics_port={settings.metrics_port} needs prometheus_client:"
+            " pip install 'pgqueue[prometheus]'"
+        ) from exc
+    metrics = WorkerMetrics(settings.queues)
+    metrics.watch(inflight.by_queue, inflight.acking)
+    client.observers.retried.append(metrics.retried)
+    client.observers.read_poisoned.append(metrics.read_poisoned)
+    return metrics

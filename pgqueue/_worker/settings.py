@@ -43,6 +43,7 @@ class WorkerSettings:
     health_file: str = ""
     sweep_interval: float = 10.0
     startup_timeout: float = 60.0
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -75,6 +76,8 @@ class WorkerSettings:
         ):
             if getattr(self, name) < 0:
                 problems[name] = "must be >= 0"
+        if not 0 <= self.metrics_port <= 65535:
+            problems["metrics_port"] = "must be a TCP port, 1-65535 (0: metrics off)"
         if self.backoff_base <= 0:
             problems["backoff_base"] = "must be > 0"
         elif self.backoff_max < self.backoff_base:

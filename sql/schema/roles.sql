@@ -62,6 +62,7 @@ INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.barrier_failures(text,integer)', '{pgqueue_operator}'),
     ('pgqueue.create_queue(text,integer)', '{pgqueue_operator}'),
     ('pgqueue.drop_queue(text)', '{pgqueue_operator}'),
+    ('pgqueue.exporter_metrics()', '{pgqueue_operator}'),
     ('pgqueue.list_barriers(text,integer)', '{pgqueue_operator}'),
     ('pgqueue.list_claims(integer)', '{pgqueue_operator}'),
     ('pgqueue.peek(text,integer,bigint)', '{pgqueue_operator}'),

@@ -1,0 +1,49 @@
+"""`pgqueue exporter`: queue-level gauges for Prometheus, computed at scrape time."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import threading
+from types import FrameType
+
+import click
+
+from pgqueue._cli._common import connection_options, expected_errors, fail, open_client
+from pgqueue._cli._main import main
+
+
+@main.command()
+@click.option(
+    "--port", type=click.IntRange(1, 65535), required=True, help="Serve /metrics on this port."
+)
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@connection_options
+def exporter(port: int, addr: str, dsn: str | None, connect_timeout: float) -> None:
+    """Serve every queue's state as Prometheus gauges on /metrics until SIGTERM or SIGINT.
+
+    Each scrape runs one query, pgqueue.exporter_metrics(), however many
+    queues there are; run it with a role in pgqueue_operator. The metrics
+    and alert rules are in docs/observability.md. Needs pgqueue[prometheus].
+    """
+    if importlib.util.find_spec("prometheus_client") is None:
+        fail("the exporter needs prometheus_client: pip install 'pgqueue[prometheus]'", 2)
+    from pgqueue._metrics import exporter_registry, serve_registry
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        try:
+            server = serve_registry(exporter_registry(client.run), port, addr)
+        except OSError as exc:
+            fail(f"cannot listen on {addr}:{port}: {exc.strerror or exc}")
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        click.echo(f"serving /metrics on {addr}:{port}", err=True)
+        while not stop.wait(1.0):
+            pass
+        server.shutdown()
+        server.server_close()
