@@ -175,6 +175,15 @@ def test_the_last_error_of_a_nack_is_quoted_in_the_poison_reason(
     assert p.reason == "max_attempts exceeded (read 3 times); last error: TimeoutError: try 3"
 
 
+def test_a_single_attempt_is_counted_in_the_singular(client: Client) -> None:
+    client.create_queue("once", max_attempts=1)
+    [msg_id] = client.send_batch("once", [{"order": 1}])
+    [msg] = client.read("once", vt=30, qty=1)
+    assert client.nack("once", msg.msg_id, read_ct=msg.read_ct, delay=0, error="E") == "poisoned"
+    [p] = client.poison_list("once")
+    assert (p.msg_id, p.reason) == (msg_id, "max_attempts exceeded (read 1 time); last error: E")
+
+
 def test_a_huge_error_is_clipped_not_refused(client: Client, queue: str) -> None:
     client.send(queue, {})
     [msg] = client.read(queue, vt=30, qty=1)
