@@ -83,10 +83,12 @@ def drop_database(server_dsn: str, name: str) -> None:
 def template_db(server_dsn: str) -> Iterator[str]:
     """A database migrated once per test process, cloned by every test."""
     name = create_database(server_dsn)
-    with psycopg.connect(with_dbname(server_dsn, name), autocommit=True) as conn:
-        migrate(conn)
-    yield name
-    drop_database(server_dsn, name)
+    try:  # dropped even when migrating it fails
+        with psycopg.connect(with_dbname(server_dsn, name), autocommit=True) as conn:
+            migrate(conn)
+        yield name
+    finally:
+        drop_database(server_dsn, name)
 
 
 @pytest.fixture
