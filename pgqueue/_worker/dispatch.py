@@ -127,7 +127,7 @@ class Dispatcher:
             self.leases.give_back_many(expired, EXPIRED)
         if not started:
             return  # given back, or left for the shutdown to give back
-        begun = self._begun(started) if self.metrics is not None else 0.0
+        begun = self._begun(started, self.metrics) if self.metrics is not None else 0.0
         try:
             if handler.transactional:
                 self._run_transactional([task], lambda conn: [handler.func(msg, conn)])
@@ -163,7 +163,7 @@ class Dispatcher:
             return
         handler = batch.handler
         msgs = [t.msg for t in tasks]
-        begun = self._begun(tasks) if self.metrics is not None else 0.0
+        begun = self._begun(tasks, self.metrics) if self.metrics is not None else 0.0
         try:
             if handler.transactional:
                 self._run_transactional(
@@ -191,12 +191,11 @@ class Dispatcher:
                 if task.running or task.abandoned:
                     self._forget(task)
 
-    def _begun(self, started: list[Task]) -> float:
-        """The handler's start; each task's claim latency is observed (metrics on only)."""
+    def _begun(self, started: list[Task], metrics: WorkerMetrics) -> float:
+        """The handler's start, observing each task's claim latency (called with metrics on)."""
         now = self.clock.now()
-        if self.metrics is not None:
-            for task in started:
-                self.metrics.claimed(task.msg, task.read_at, now)
+        for task in started:
+            metrics.claimed(task.msg, task.read_at, now)
         return now
 
     def _run_transactional(self, tasks: list[Task], handle: Any) -> None:

@@ -201,6 +201,14 @@ class InFlight:
         return left
 
 
+def by_queue(tasks: list[Task]) -> dict[str, list[Task]]:
+    """The tasks grouped by their message's queue, in order (one statement per queue)."""
+    groups: dict[str, list[Task]] = {}
+    for task in tasks:
+        groups.setdefault(task.msg.queue, []).append(task)
+    return groups
+
+
 def message_log(log: Any, msg: Message) -> Any:
     """The worker's logger bound to one message: queue, msg_id, read_ct (and barrier_id)."""
     context: dict[str, Any] = {"queue": msg.queue, "msg_id": msg.msg_id, "read_ct": msg.read_ct}

@@ -18,7 +18,7 @@ from pgqueue._errors import PgQueueError, Retry
 from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
-from pgqueue._worker.inflight import InFlight, Task, message_log
+from pgqueue._worker.inflight import InFlight, Task, by_queue, message_log
 from pgqueue._worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -64,10 +64,7 @@ class Leases:
         s = self.settings
         running, waiting = self.inflight.due(self.clock.now(), s.vt * (1 - s.heartbeat_fraction))
         self.give_back_many(waiting, "waited a lease's worth for a handler")
-        by_queue: dict[str, list[Task]] = {}
-        for task in running:
-            by_queue.setdefault(task.msg.queue, []).append(task)
-        for queue, group in by_queue.items():
+        for queue, group in by_queue(running).items():
             sent = self.clock.now()  # the new lease ends no earlier than this + vt
             try:
                 extended = self.db.extend_many(queue, [t.msg for t in group], s.vt)
@@ -132,26 +129,24 @@ class Leases:
         (`message.released`): at WARNING when its handler had started, at
         DEBUG when it had only waited.
         """
-        by_queue: dict[str, list[Task]] = {}
         for task in tasks:
             self.inflight.drop(task)
-            if not task.lease_lost:
-                by_queue.setdefault(task.msg.queue, []).append(task)
         released = 0
-        for queue, group in by_queue.items():
+        for queue, group in by_queue([t for t in tasks if not t.lease_lost]).items():
             try:
                 ours = self.db.release_many(queue, [t.msg for t in group])
             except DB_ERRORS as exc:
                 ids = [t.msg.msg_id for t in group]
                 self.log.error("message.release_failed", queue=queue, msg_ids=ids, error=str(exc))
                 continue
+            back = [t for t in group if t.msg.msg_id in ours]
             for task in group:
                 if task.msg.msg_id not in ours:
                     self.lost(task)
-                    continue
-                released += 1
-                if self.metrics is not None:
-                    self.metrics.count(queue, "released")
+            released += len(back)
+            if self.metrics is not None and back:
+                self.metrics.count(queue, "released", len(back))
+            for task in back:
                 mlog = message_log(self.log, task.msg)
                 log = mlog.warning if task.running else mlog.debug
                 log("message.released", why=why, started=task.running)
