@@ -61,10 +61,25 @@ def explained(
     return rows, [p for p in plans if "plan:" in p]
 
 
-def top_buffers(plans: list[str], statement: str) -> int:
-    [plan] = [p for p in plans if statement in p.split("\n", 3)[1]]
-    hits = re.search(r"Buffers: shared hit=(\d+)", plan)
-    return int(hits.group(1)) if hits else 0
+def executed_buffers(plans: list[str]) -> int:
+    """Buffers the statements inside a call touched while executing, planning left out.
+
+    The plan of a statement that calls a pgqueue function also counts the
+    planning of the statements inside that function, which after a cache reset
+    (other sessions' DDL, as a parallel suite does) rereads the catalogs:
+    hundreds of buffers that say nothing of the plans. Only the statements that
+    call none are summed; each one's count is its executor's alone.
+    """
+    total = 0
+    for plan in plans:
+        node = re.search(r"^\S.*\(cost=", plan, re.MULTILINE)
+        text = plan[: node.start()] if node else plan
+        if re.search(r"pgqueue\.\w+\(", text):
+            continue
+        hits = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+        if hits:
+            total += int(hits.group(1)) + int(hits.group(2) or 0)
+    return total
 
 
 def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
@@ -101,6 +116,6 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
     assert any("Tid Scan on message" in p for p in ack_plans), "the ack finds its rows by ctid"
     assert any("Tid Scan on message" in p for p in beat_plans), "the heartbeat finds them by ctid"
     # 30,000 messages' worth of dead index entries and rows sit in the queue
-    assert top_buffers(read_plans, "pgqueue.read(") < 400
-    assert top_buffers(ack_plans, "pgqueue.delete(") < 300
-    assert top_buffers(beat_plans, "pgqueue.extend_leases(") < 300
+    assert executed_buffers(read_plans) < 400
+    assert executed_buffers(ack_plans) < 300
+    assert executed_buffers(beat_plans) < 300
