@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pgqueue import _migrate
+from pgqueue import _migrate, _tracing
 from pgqueue._api.barrier import AsyncBarrierApi
 from pgqueue._api.leases import AsyncLeaseApi
 from pgqueue._api.poison import AsyncPoisonApi
@@ -45,6 +45,7 @@ class AsyncClient(
         dsn_label: str = "the database",
         role: str | None = None,
         observers: Observers | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         """Wrap an open async pool; `owns_pool` makes close() close it too; `role`: its login."""
         self.pool = pool
@@ -55,6 +56,8 @@ class AsyncClient(
         # What its calls meet beside their results (retries, a read's poison
         # drops); a pool built elsewhere reports no notices to it.
         self.observers = observers or Observers()
+        # OpenTelemetry, resolved once (docs/observability.md): None is off.
+        self.tracing = _tracing.resolve(tracer_provider)
 
     @classmethod
     async def from_dsn(
@@ -68,6 +71,7 @@ class AsyncClient(
         retry: RetryPolicy | None = None,
         wait_seconds: float = 0.0,
         dsn_source: str | None = None,
+        tracer_provider: Any = None,
     ) -> AsyncClient:
         """Open an async pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL), as Client.from_dsn."""
         spec = PoolSpec.resolve(
@@ -78,7 +82,13 @@ class AsyncClient(
         role = await spec.probe_async(wait_seconds)
         await pool.open(wait=False)
         return cls(
-            pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role, observers=observers
+            pool,
+            retry=retry,
+            owns_pool=True,
+            dsn_label=spec.label,
+            role=role,
+            observers=observers,
+            tracer_provider=tracer_provider,
         )
 
     async def close(self) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgqueue import _migrate
+from pgqueue import _migrate, _tracing
 from pgqueue._api.barrier import BarrierApi
 from pgqueue._api.leases import LeaseApi
 from pgqueue._api.poison import PoisonApi
@@ -42,6 +42,7 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         dsn_label: str = "the database",
         role: str | None = None,
         observers: Observers | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         """Wrap an open pool; `owns_pool` makes close() close it too; `role` names its login."""
         self.pool = pool
@@ -52,6 +53,8 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         # What its calls meet beside their results (retries, a read's poison
         # drops); a pool built elsewhere reports no notices to it.
         self.observers = observers or Observers()
+        # OpenTelemetry, resolved once (docs/observability.md): None is off.
+        self.tracing = _tracing.resolve(tracer_provider)
 
     @classmethod
     def from_dsn(
@@ -65,6 +68,7 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         retry: RetryPolicy | None = None,
         wait_seconds: float = 0.0,
         dsn_source: str | None = None,
+        tracer_provider: Any = None,
     ) -> Client:
         """Open a pool on dsn (else $PGQUEUE_DSN / $DATABASE_URL); fails fast if it does not answer.
 
@@ -90,7 +94,13 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         role = spec.probe(wait_seconds)
         pool.open(wait=False)
         return cls(
-            pool, retry=retry, owns_pool=True, dsn_label=spec.label, role=role, observers=observers
+            pool,
+            retry=retry,
+            owns_pool=True,
+            dsn_label=spec.label,
+            role=role,
+            observers=observers,
+            tracer_provider=tracer_provider,
         )
 
     def close(self) -> None:

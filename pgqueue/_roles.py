@@ -40,6 +40,7 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
             "complete_member",
             "complete_members",
             "barrier_results",
+            "barrier_links",
             "guard",
             "claim",
             "renew",

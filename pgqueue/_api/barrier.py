@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pgqueue._api.base import AsyncRunner, SyncRunner
+from pgqueue._api.base import AsyncRunner, SyncRunner, run_traces
 from pgqueue._calls import barrier as _barrier
 from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import JSON, BarrierStatus, MemberFailure, MemberResult
@@ -31,8 +32,10 @@ class BarrierApi(SyncRunner):
         The barrier id is generated here when not given, so a fan_out retried
         after a lost reply finds its first attempt and sends nothing twice.
         """
-        return self.run(
-            _barrier.fan_out(
+        barrier_id = barrier_id or str(uuid.uuid4())
+        return self.run_send(
+            queue,
+            lambda trace: _barrier.fan_out(
                 queue,
                 messages,
                 callback_queue,
@@ -40,8 +43,11 @@ class BarrierApi(SyncRunner):
                 barrier_id,
                 headers,
                 deadline_seconds,
+                trace,
             ),
             conn,
+            count=len(messages),
+            attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
         )
 
     def complete_member(
@@ -60,7 +66,12 @@ class BarrierApi(SyncRunner):
         while that read's lease is current; None then also means it did not.
         """
         call = _barrier.complete_members(
-            queue, [msg_id], [outcome], [result], None if read_ct is None else [read_ct]
+            queue,
+            [msg_id],
+            [outcome],
+            [result],
+            None if read_ct is None else [read_ct],
+            run_traces(self.tracing, 1),
         )
         statuses = self.run(call, conn)
         return statuses[0] if statuses else None
@@ -80,7 +91,15 @@ class BarrierApi(SyncRunner):
         An entry with a read_ct acts only while that read's lease is current.
         """
         return self.run(
-            _barrier.complete_members(queue, msg_ids, outcomes, results, read_cts), conn
+            _barrier.complete_members(
+                queue,
+                msg_ids,
+                outcomes,
+                results,
+                read_cts,
+                run_traces(self.tracing, len(msg_ids)),
+            ),
+            conn,
         )
 
     def barrier_status(self, barrier_id: str) -> BarrierStatus:
@@ -120,8 +139,10 @@ class AsyncBarrierApi(AsyncRunner):
         conn: AsyncConnection | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically; exactly one callback will follow."""
-        return await self.run(
-            _barrier.fan_out(
+        barrier_id = barrier_id or str(uuid.uuid4())
+        return await self.run_send(
+            queue,
+            lambda trace: _barrier.fan_out(
                 queue,
                 messages,
                 callback_queue,
@@ -129,8 +150,11 @@ class AsyncBarrierApi(AsyncRunner):
                 barrier_id,
                 headers,
                 deadline_seconds,
+                trace,
             ),
             conn,
+            count=len(messages),
+            attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
         )
 
     async def complete_member(
@@ -145,7 +169,12 @@ class AsyncBarrierApi(AsyncRunner):
     ) -> BarrierStatus | None:
         """Ack a member and count it once; its barrier's state after, or None if not a member."""
         call = _barrier.complete_members(
-            queue, [msg_id], [outcome], [result], None if read_ct is None else [read_ct]
+            queue,
+            [msg_id],
+            [outcome],
+            [result],
+            None if read_ct is None else [read_ct],
+            run_traces(self.tracing, 1),
         )
         statuses = await self.run(call, conn)
         return statuses[0] if statuses else None
@@ -162,7 +191,15 @@ class AsyncBarrierApi(AsyncRunner):
     ) -> list[BarrierStatus]:
         """Ack and count many members in one transaction; the state of each barrier touched."""
         return await self.run(
-            _barrier.complete_members(queue, msg_ids, outcomes, results, read_cts), conn
+            _barrier.complete_members(
+                queue,
+                msg_ids,
+                outcomes,
+                results,
+                read_cts,
+                run_traces(self.tracing, len(msg_ids)),
+            ),
+            conn,
         )
 
     async def barrier_status(self, barrier_id: str) -> BarrierStatus:

@@ -11,6 +11,14 @@ from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import JSON, KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 
+def _one(msg_id: int) -> list[int]:
+    return [msg_id]
+
+
+def _keyed(sent: KeyedSend) -> list[int]:
+    return [sent.msg_id]
+
+
 class QueueApi(SyncRunner):
     """Queues and sending: the blocking methods."""
 
@@ -57,7 +65,12 @@ class QueueApi(SyncRunner):
         message commits or rolls back with the caller's transaction and is not
         retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
         """
-        return self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
+        return self.run_send(
+            queue,
+            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace),
+            conn,
+            _one,
+        )
 
     def send_keyed(
         self,
@@ -74,7 +87,12 @@ class QueueApi(SyncRunner):
         The same guarantees as send(..., dedupe_key=...): exactly-once across
         retries; a retry whose first attempt committed reports sent=True.
         """
-        return self.run(_queue.send_keyed(queue, message, dedupe_key, headers, delay), conn)
+        return self.run_send(
+            queue,
+            lambda trace: _queue.send_keyed(queue, message, dedupe_key, headers, delay, trace),
+            conn,
+            _keyed,
+        )
 
     def send_batch(
         self,
@@ -86,7 +104,12 @@ class QueueApi(SyncRunner):
         conn: Connection | None = None,
     ) -> list[int]:
         """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
-        return self.run(_queue.send_batch(queue, messages, headers, delay), conn)
+        return self.run_send(
+            queue,
+            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace),
+            conn,
+            count=len(messages),
+        )
 
     def peek(self, queue: str, *, qty: int = 10, after_msg_id: int = 0) -> list[PeekedMessage]:
         """Live messages in msg_id order, visible or not, without leasing or changing them."""
@@ -137,7 +160,12 @@ class AsyncQueueApi(AsyncRunner):
         conn: AsyncConnection | None = None,
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns."""
-        return await self.run(_queue.send(queue, message, headers, delay, dedupe_key), conn)
+        return await self.run_send(
+            queue,
+            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace),
+            conn,
+            _one,
+        )
 
     async def send_keyed(
         self,
@@ -150,8 +178,12 @@ class AsyncQueueApi(AsyncRunner):
         conn: AsyncConnection | None = None,
     ) -> KeyedSend:
         """send() with a dedupe_key that also says whether this call sent (sent=False: held)."""
-        call = _queue.send_keyed(queue, message, dedupe_key, headers, delay)
-        return await self.run(call, conn)
+        return await self.run_send(
+            queue,
+            lambda trace: _queue.send_keyed(queue, message, dedupe_key, headers, delay, trace),
+            conn,
+            _keyed,
+        )
 
     async def send_batch(
         self,
@@ -163,7 +195,12 @@ class AsyncQueueApi(AsyncRunner):
         conn: AsyncConnection | None = None,
     ) -> list[int]:
         """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
-        return await self.run(_queue.send_batch(queue, messages, headers, delay), conn)
+        return await self.run_send(
+            queue,
+            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace),
+            conn,
+            count=len(messages),
+        )
 
     async def peek(
         self, queue: str, *, qty: int = 10, after_msg_id: int = 0

@@ -34,6 +34,21 @@ class Call(Generic[T]):
     retryable: bool = True
 
 
+def with_trace(call: Call[T], trace: tuple[str, str | None] | None) -> Call[T]:
+    """The call with a trace context as its function's last two arguments (as is, for None).
+
+    The SQL function writes them into the reserved headers; without one the
+    call is the very statement it was before tracing existed.
+    """
+    if trace is None:
+        return call
+    sql = call.sql.rstrip()
+    assert sql.endswith(")"), call.name
+    return Call(
+        call.name, sql[:-1] + ", %s, %s)", (*call.params, *trace), call.result, call.retryable
+    )
+
+
 def scalar(rows: list[Row]) -> Any:
     """The single value of a one-row, one-column result."""
     return rows[0][0]

@@ -6,7 +6,16 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pgqueue._calls import JSONB_ELEMENTS, Call, Row, encode_json, encode_json_list, scalar
+from pgqueue._calls import (
+    JSONB_ELEMENTS,
+    Call,
+    Row,
+    encode_json,
+    encode_json_list,
+    scalar,
+    with_trace,
+)
+from pgqueue._tracing import Trace, without_trace_headers
 from pgqueue.types import BarrierStatus, MemberFailure, MemberResult
 
 OUTCOMES = ("succeeded", "failed")
@@ -24,6 +33,7 @@ def fan_out(
     barrier_id: str | None,
     headers: dict[str, Any] | None = None,
     deadline_seconds: int | None = None,
+    trace: Trace | None = None,
 ) -> Call[str]:
     """Send the members and arm their barrier in one transaction; the barrier id.
 
@@ -32,7 +42,8 @@ def fan_out(
     """
     if barrier_id is None:
         barrier_id = str(uuid.uuid4())
-    return Call(
+    headers = without_trace_headers(headers)
+    call = Call(
         "fan_out",
         f"SELECT pgqueue.fan_out(%s, {JSONB_ELEMENTS}, %s, %s::jsonb, %s, %s::jsonb, %s)",
         (
@@ -46,6 +57,7 @@ def fan_out(
         ),
         scalar,
     )
+    return with_trace(call, trace)
 
 
 def complete_members(
@@ -54,24 +66,40 @@ def complete_members(
     outcomes: Sequence[str] | None = None,
     results: Sequence[Any] | None = None,
     read_cts: Sequence[int | None] | None = None,
+    traceparents: Sequence[str | None] | None = None,
 ) -> Call[list[BarrierStatus]]:
     """Ack members and count each once; the state of every barrier they belong to.
 
     An entry with a read_ct acts only while that read's lease is current
-    (else it is left alone, and its barrier is not in the result).
+    (else it is left alone, and its barrier is not in the result). A
+    traceparent records the run that completed the member, for its
+    callback's span links.
     """
+    traced = traceparents is not None and any(t is not None for t in traceparents)
     return Call(
         "complete_members",
         "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[],"
-        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'}, %s::integer[])",
+        f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'}, %s::integer[]"
+        f"{', %s::text[]' if traced else ''})",
         (
             queue,
             list(msg_ids),
             None if outcomes is None else list(outcomes),
             *(() if results is None else (encode_json_list(results, "results"),)),
             None if read_cts is None else list(read_cts),
+            *((list(traceparents),) if traced and traceparents is not None else ()),
         ),
         _statuses,
+    )
+
+
+def barrier_links(barrier_id: str, qty: int) -> Call[list[tuple[int, int, str]]]:
+    """The trace contexts the barrier's members were completed in: (member_index, msg_id, tp)."""
+    return Call(
+        "barrier_links",
+        "SELECT member_index, msg_id, traceparent FROM pgqueue.barrier_links(%s, %s)",
+        (barrier_id, qty),
+        lambda rows: [(int(r[0]), int(r[1]), str(r[2])) for r in rows],
     )
 
 

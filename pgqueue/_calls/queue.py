@@ -17,8 +17,10 @@ from pgqueue._calls import (
     int32,
     nothing,
     scalar,
+    with_trace,
 )
 from pgqueue._errors import InvalidArgument
+from pgqueue._tracing import Trace, without_trace_headers
 from pgqueue.types import JSON, KeyedSend, Message, PeekedMessage, QueueInfo, QueueMetrics
 
 _RECORD = "msg_id, read_ct, enqueued_at, vt, message, headers"
@@ -78,13 +80,15 @@ def send(
     headers: dict[str, Any] | None = None,
     delay: int = 0,
     dedupe_key: str | None = None,
+    trace: Trace | None = None,
 ) -> Call[int]:
     """Enqueue one message; with a dedupe_key, at most one live message holds that key."""
     # A token only where it buys something: with a dedupe_key, a retry of this
     # call that finds its own earlier attempt already consumed returns that id
     # instead of sending again (exactly-once across the retry).
     token = uuid.uuid4() if dedupe_key is not None else None
-    return Call(
+    headers = without_trace_headers(headers)
+    call = Call(
         "send",
         "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s)",
         (
@@ -97,6 +101,7 @@ def send(
         ),
         scalar,
     )
+    return with_trace(call, trace)
 
 
 def send_keyed(
@@ -105,10 +110,12 @@ def send_keyed(
     dedupe_key: str,
     headers: dict[str, Any] | None = None,
     delay: int = 0,
+    trace: Trace | None = None,
 ) -> Call[KeyedSend]:
     """Enqueue one message under dedupe_key unless an unfinished one holds it; says which."""
     token = uuid.uuid4()  # one per call: its retries know their own earlier attempt
-    return Call(
+    headers = without_trace_headers(headers)
+    call = Call(
         "send",
         "SELECT msg_id, sent FROM pgqueue.send_keyed(%s, %s::jsonb, %s, %s::jsonb, %s, %s)",
         (
@@ -121,6 +128,7 @@ def send_keyed(
         ),
         lambda rows: KeyedSend(int(rows[0][0]), bool(rows[0][1])),
     )
+    return with_trace(call, trace)
 
 
 def send_batch(
@@ -128,6 +136,7 @@ def send_batch(
     messages: Sequence[JSON],
     headers: Sequence[dict[str, Any] | None] | None = None,
     delay: int = 0,
+    trace: Trace | None = None,
 ) -> Call[list[int]]:
     """Enqueue many messages in one statement; their ids in input order."""
     if headers is not None and len(headers) != len(messages):
@@ -136,7 +145,9 @@ def send_batch(
             " pass one headers value per message, or None for none"
         )
     headers_sql = "NULL::jsonb[]" if headers is None else JSONB_ELEMENTS_NULLABLE
-    return Call(
+    if headers is not None:
+        headers = [without_trace_headers(h) for h in headers]
+    call = Call(
         "send_batch",
         f"SELECT * FROM pgqueue.send_batch(%s, {JSONB_ELEMENTS}, {headers_sql}, %s)",
         (
@@ -147,6 +158,7 @@ def send_batch(
         ),
         column,
     )
+    return with_trace(call, trace)
 
 
 def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:

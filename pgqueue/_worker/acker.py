@@ -32,6 +32,7 @@ from pgqueue.types import Message
 
 if TYPE_CHECKING:
     from pgqueue._metrics import WorkerMetrics
+    from pgqueue._tracing import Tracing
 
 Done = tuple[Task, Any]  # a finished task and its handler's result
 
@@ -55,10 +56,12 @@ class Acker:
         log: Any,
         interval: float = 0.01,
         metrics: WorkerMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """An acker that waits `interval` for a batch to gather; start() starts its threads."""
         self.db = db
         self.metrics = metrics
+        self.tracing = tracing
         self.inflight = inflight
         self.clock = clock
         self.log = log
@@ -141,7 +144,13 @@ class Acker:
         """Ack finished messages of one queue and kind in one statement (on conn, if given)."""
         ids = [t.msg.msg_id for t, _ in items]
         results = [self._json_or_none(t.msg, r) for t, r in items] if member else []
-        self.db.ack(queue, member, ids, results, conn)
+        if self.tracing is None:
+            self.db.ack(queue, member, ids, results, conn)
+            return
+        runs = [t.trace for t, _ in items]
+        call = "complete_members" if member else self.db.ack_mode
+        with self.tracing.settle(queue, call, runs):
+            self.db.ack(queue, member, ids, results, conn, runs if member else None)
 
     def ack_in(self, conn: Connection, items: list[Done]) -> None:
         """Ack in a handler's transaction, grouped by kind (the handler's writes commit with it)."""

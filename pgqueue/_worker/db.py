@@ -69,10 +69,17 @@ class WorkerDb:
         msg_ids: Sequence[int],
         results: Sequence[Any],
         conn: Connection | None = None,
+        traceparents: Sequence[str | None] | None = None,
     ) -> None:
-        """Ack messages of one queue in one statement: members are completed with their results."""
+        """Ack messages of one queue in one statement: members are completed with their results.
+
+        A member's traceparent (the run that completed it, when traced) is
+        kept for its callback's span links.
+        """
         if member:
-            call = _barrier.complete_members(queue, msg_ids, ["succeeded"] * len(msg_ids), results)
+            call = _barrier.complete_members(
+                queue, msg_ids, ["succeeded"] * len(msg_ids), results, None, traceparents
+            )
             self.client.run(call, conn)
         elif self.ack_mode == "archive":
             self.client.archive_many(queue, msg_ids, conn=conn)
@@ -91,6 +98,10 @@ class WorkerDb:
             _queue.hold_leases(queue, [(m.msg_id, m.read_ct) for m in msgs]), conn
         )
         return len(held) == len(msgs)
+
+    def barrier_links(self, barrier_id: str, qty: int) -> list[tuple[int, int, str]]:
+        """The runs that completed the barrier's members, at most qty: (index, msg_id, tp)."""
+        return self.client.run(_barrier.barrier_links(barrier_id, qty))
 
     def expire_barriers(self) -> int:
         """Fire the callbacks of overdue barriers."""

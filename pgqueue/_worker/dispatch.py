@@ -20,11 +20,12 @@ from pgqueue._worker.app import Handler
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import Batch, InFlight, Task, message_log
-from pgqueue._worker.leases import Leases
+from pgqueue._worker.leases import DB_ERRORS, Leases
 from pgqueue.types import Message
 
 if TYPE_CHECKING:
     from pgqueue._metrics import WorkerMetrics
+    from pgqueue._tracing import ProcessSpan, Tracing
 
 # Why a message that waited locally past its lease goes back instead of starting.
 EXPIRED = "its lease ran out while it waited (the worker was stalled)"
@@ -48,10 +49,12 @@ class Dispatcher:
         clock: Clock,
         log: Any,
         metrics: WorkerMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """Handler threads for one worker; start() starts them."""
         self.concurrency = concurrency
         self.metrics = metrics
+        self.tracing = tracing
         self.db = db
         self.inflight = inflight
         self.leases = leases
@@ -121,13 +124,24 @@ class Dispatcher:
     # -- one message --------------------------------------------------------
 
     def _process(self, task: Task) -> None:
-        msg, handler = task.msg, task.handler
         started, expired = self.inflight.begin([task], self.stopping, self.clock.now())
         if expired:
             self.leases.give_back_many(expired, EXPIRED)
         if not started:
             return  # given back, or left for the shutdown to give back
         begun = self._begun(started, self.metrics) if self.metrics is not None else 0.0
+        if self.tracing is None:
+            self._run_one(task, begun, None)
+            return
+        links = self._member_links(task.msg, self.tracing.links)
+        with self.tracing.process([task.msg], links) as span:
+            task.trace = span.traceparent
+            if task.msg.is_callback:
+                span.note("pgqueue.barrier.links", len(links))
+            self._run_one(task, begun, span)
+
+    def _run_one(self, task: Task, begun: float, span: ProcessSpan | None) -> None:
+        msg, handler = task.msg, task.handler
         try:
             if handler.transactional:
                 self._run_transactional([task], lambda conn: [handler.func(msg, conn)])
@@ -139,13 +153,19 @@ class Dispatcher:
                 # Its slot frees now; the acker acks it within milliseconds.
                 self.acker.add([(task, result)])
         except LeaseLost:
+            if span is not None:
+                span.note("pgqueue.outcome", "lease_lost")
             self.leases.lost(task)  # rolled back: the handler's writes are the new holder's
         except Poison as exc:
+            if span is not None:
+                span.failed(exc)
             self.leases.poison(task, exc)
         except Exception as exc:
             # The user's handler failed (any exception is its business, not
             # ours): the message goes back with a backoff; its last attempt
             # goes to the poison table.
+            if span is not None:
+                span.failed(exc)
             self.leases.nack(task, exc)
         finally:
             if self.metrics is not None:
@@ -161,9 +181,20 @@ class Dispatcher:
                 if task.abandoned:
                     self._forget(task)
             return
+        begun = self._begun(tasks, self.metrics) if self.metrics is not None else 0.0
+        if self.tracing is None:
+            self._run_batch(batch, tasks, begun, None)
+            return
+        with self.tracing.process([t.msg for t in tasks]) as span:
+            for task in tasks:
+                task.trace = span.traceparent
+            self._run_batch(batch, tasks, begun, span)
+
+    def _run_batch(
+        self, batch: Batch, tasks: list[Task], begun: float, span: ProcessSpan | None
+    ) -> None:
         handler = batch.handler
         msgs = [t.msg for t in tasks]
-        begun = self._begun(tasks, self.metrics) if self.metrics is not None else 0.0
         try:
             if handler.transactional:
                 self._run_transactional(
@@ -176,12 +207,18 @@ class Dispatcher:
                 self.log.warning("message.late_result_ignored", count=len(tasks) - len(done))
             self.acker.add(done)
         except LeaseLost:
+            if span is not None:
+                span.note("pgqueue.outcome", "lease_lost")
             for task in tasks:
                 self.leases.lost(task)
         except Poison as exc:
+            if span is not None:
+                span.failed(exc)
             for task in tasks:
                 self.leases.poison(task, exc)
         except Exception as exc:
+            if span is not None:
+                span.failed(exc)
             for task in tasks:
                 self.leases.nack(task, exc)
         finally:
@@ -190,6 +227,20 @@ class Dispatcher:
             for task in batch.tasks:
                 if task.running or task.abandoned:
                     self._forget(task)
+
+    def _member_links(self, msg: Message, qty: int) -> list[tuple[str, dict[str, Any]]]:
+        """A callback's span links: the runs that completed its members (none on a DB error)."""
+        if not msg.is_callback or msg.barrier_id is None or qty <= 0:
+            return []
+        try:
+            rows = self.db.barrier_links(msg.barrier_id, qty)
+        except DB_ERRORS as exc:  # tracing never fails a message
+            message_log(self.log, msg).warning("tracing.links_failed", error=str(exc))
+            return []
+        return [
+            (tp, {"messaging.message.id": str(msg_id), "pgqueue.member_index": index})
+            for index, msg_id, tp in rows
+        ]
 
     def _begun(self, started: list[Task], metrics: WorkerMetrics) -> float:
         """The handler's start, observing each task's claim latency (called with metrics on)."""
@@ -222,7 +273,10 @@ class Dispatcher:
         """The handler's return value: called in this thread, or awaited on the event loop."""
         if not handler.is_async:
             return handler.func(arg)
-        return asyncio.run_coroutine_threadsafe(handler.func(arg), self._event_loop()).result()
+        coro = handler.func(arg)
+        if self.tracing is not None:
+            coro = self.tracing.in_current_context(coro)  # the run's span, on the loop's thread
+        return asyncio.run_coroutine_threadsafe(coro, self._event_loop()).result()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:

@@ -32,6 +32,7 @@ class Task:
     lease_lost: bool = False
     batch: Batch | None = None  # the batch it runs in, for a batch handler
     read_at: float = 0.0  # when the read that leased it started (claim latency)
+    trace: str | None = None  # the traceparent of its run, when traced and sampled
 
     @property
     def unit(self) -> Task | Batch:

@@ -14,10 +14,11 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from pgqueue import _tracing
 from pgqueue._client import Client
 from pgqueue._connection import connect_refusal
 from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
@@ -52,8 +53,13 @@ class Worker:
         settings: WorkerSettings | None = None,
         *,
         clock: Clock | None = None,
+        tracer_provider: Any = None,
     ) -> None:
-        """A worker over `client`'s pool (which needs settings.pool_size connections)."""
+        """A worker over `client`'s pool (which needs settings.pool_size connections).
+
+        It traces its runs (docs/observability.md) through `tracer_provider`,
+        else the client's, else the global one, once an OpenTelemetry SDK is set.
+        """
         settings = settings or WorkerSettings()
         queues = app.consumed(settings.queues)
         self.app = app
@@ -65,8 +71,11 @@ class Worker:
         self._forced = threading.Event()
         self.inflight = InFlight(s.concurrency)
         self.metrics = m = _metrics(s, client, self.db, self.inflight)
+        if tracer_provider is None and client.tracing is not None:
+            tracer_provider = client.tracing.provider
+        self.tracing = t = _tracing.resolve(tracer_provider, s.trace_links)
         self.leases = Leases(self.db, self.inflight, s, self.clock, self.log, m)
-        self.acker = Acker(self.db, self.inflight, self.clock, self.log, metrics=m)
+        self.acker = Acker(self.db, self.inflight, self.clock, self.log, metrics=m, tracing=t)
         self.dispatcher = Dispatcher(
             s.concurrency,
             self.db,
@@ -77,6 +86,7 @@ class Worker:
             self.clock,
             self.log,
             m,
+            t,
         )
         self.reader = Reader(
             app, s, self.db, self.inflight, self.dispatcher, self._stopping, self.clock, self.log

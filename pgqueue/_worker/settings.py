@@ -44,6 +44,7 @@ class WorkerSettings:
     sweep_interval: float = 10.0
     startup_timeout: float = 60.0
     metrics_port: int = 0
+    trace_links: int = 128
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -78,6 +79,8 @@ class WorkerSettings:
                 problems[name] = "must be >= 0"
         if not 0 <= self.metrics_port <= 65535:
             problems["metrics_port"] = "must be a TCP port, 1-65535 (0: metrics off)"
+        if self.trace_links < 0:
+            problems["trace_links"] = "must be >= 0 (0: a callback's run links no member runs)"
         if self.backoff_base <= 0:
             problems["backoff_base"] = "must be > 0"
         elif self.backoff_max < self.backoff_base:

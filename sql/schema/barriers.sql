@@ -42,6 +42,9 @@ CREATE TABLE pgqueue.barrier (
     callback_msg_id bigint,
     -- sha256 of the fan_out request that armed it: a retry matches, another does not
     fingerprint bytea,
+    -- the trace context fan_out was called in (W3C), for the callback's headers
+    traceparent text,
+    tracestate text,
     CHECK ((state = 'open') = (fired_at IS NULL))
 ) WITH (fillfactor = 70);
 CREATE INDEX barrier_deadline_idx ON pgqueue.barrier (deadline) WHERE state = 'open';
@@ -57,6 +60,9 @@ CREATE TABLE pgqueue.barrier_member (
     outcome text,
     result jsonb,
     completed_at timestamptz,
+    -- the trace context of the run that completed it, when traced: the
+    -- callback's span links to it (barrier_links)
+    traceparent text,
     PRIMARY KEY (barrier_id, member_index)
 );
 CREATE UNIQUE INDEX barrier_member_msg_idx ON pgqueue.barrier_member (queue_id, msg_id);
@@ -120,7 +126,7 @@ $$;
 -- barriers whose last member this was. Members already counted are skipped;
 -- barrier rows are locked in barrier_id order, the order every path uses.
 CREATE FUNCTION pgqueue._complete(p_queue_ids integer[], p_msg_ids bigint[], p_outcomes text[],
-                                             p_results jsonb[])
+                                             p_results jsonb[], p_traceparents text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -136,18 +142,19 @@ BEGIN
     -- for the same member updates the row first, and then its ctid no longer
     -- matches here (nor does its outcome): the member counts once.
     WITH i AS (
-        SELECT DISTINCT ON (u.queue_id, u.msg_id) u.queue_id, u.msg_id, u.outcome, u.result
-          FROM unnest(p_queue_ids, p_msg_ids, p_outcomes, p_results) WITH ORDINALITY
-               AS u (queue_id, msg_id, outcome, result, ord)
+        SELECT DISTINCT ON (u.queue_id, u.msg_id) u.queue_id, u.msg_id, u.outcome, u.result, u.tp
+          FROM unnest(p_queue_ids, p_msg_ids, p_outcomes, p_results, p_traceparents) WITH ORDINALITY
+               AS u (queue_id, msg_id, outcome, result, tp, ord)
          ORDER BY u.queue_id, u.msg_id, u.ord  -- listed twice: the first entry counts
     ), t AS (
-        SELECT i.outcome, i.result,
+        SELECT i.outcome, i.result, i.tp,
                (SELECT bm.ctid FROM pgqueue.barrier_member bm
                  WHERE bm.queue_id = i.queue_id AND bm.msg_id = i.msg_id) AS tid
           FROM i
     ), counted AS (
         UPDATE pgqueue.barrier_member bm
-           SET outcome = t.outcome, result = t.result, completed_at = clock_timestamp()
+           SET outcome = t.outcome, result = t.result, completed_at = clock_timestamp(),
+               traceparent = t.tp
           FROM t
          WHERE bm.ctid = t.tid AND bm.outcome IS NULL
         RETURNING bm.barrier_id, bm.outcome
@@ -316,6 +323,27 @@ BEGIN
 END
 $$;
 
+-- The trace contexts the barrier's members were completed in (by traced
+-- runs), by member index: the span links of its callback's run. At most qty,
+-- read by the primary key's prefix, whatever the number of members.
+CREATE FUNCTION pgqueue.barrier_links(barrier_id text, qty integer DEFAULT 128)
+RETURNS TABLE (member_index integer, msg_id bigint, traceparent text)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgqueue._barrier_or_raise(barrier_links.barrier_id);
+    PERFORM pgqueue._require_nonnegative('qty', barrier_links.qty);
+    RETURN QUERY
+    SELECT m.member_index, m.msg_id, m.traceparent
+      FROM pgqueue.barrier_member m
+     WHERE m.barrier_id = barrier_links.barrier_id AND m.traceparent IS NOT NULL
+     ORDER BY m.member_index
+     LIMIT barrier_links.qty;
+END
+$$;
+
 -- The one callback, inserted here rather than through send(), which refuses
 -- the marker. The fan-out's headers come first, without a member_index (a
 -- handler that passed its member's headers on to a nested fan_out would
@@ -339,7 +367,8 @@ BEGIN
                 'total', b.total,
                 'succeeded', b.succeeded,
                 'failed', b.failed,
-                'state', p_state))
+                'state', p_state)
+             || coalesce(pgqueue._trace_headers(b.traceparent, b.tracestate), '{}'))
     RETURNING msg_id INTO v_msg_id;
     PERFORM pgqueue._notify(q);
     UPDATE pgqueue.barrier
@@ -362,7 +391,9 @@ CREATE FUNCTION pgqueue.fan_out(
     callback_message jsonb,
     barrier_id text DEFAULT NULL,
     headers jsonb DEFAULT NULL,
-    deadline_seconds integer DEFAULT NULL
+    deadline_seconds integer DEFAULT NULL,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -375,6 +406,7 @@ DECLARE
     v_n integer := cardinality(fan_out.messages);
     v_now timestamptz := clock_timestamp();
     v_print bytea;
+    v_trace jsonb := pgqueue._trace_headers(fan_out.traceparent, fan_out.tracestate);
     old pgqueue.barrier;
 BEGIN
     IF fan_out.messages IS NULL OR fan_out.callback_message IS NULL THEN
@@ -399,10 +431,13 @@ BEGIN
                    q.queue_name, cq.queue_name, fan_out.callback_message, fan_out.headers,
                    fan_out.deadline_seconds, to_jsonb(fan_out.messages))::text, 'UTF8'));
 
+    -- The trace context is not part of the fingerprint: the same request
+    -- re-sent under another span is still a retry.
     INSERT INTO pgqueue.barrier (barrier_id, queue_id, callback_queue_id, callback_message, headers,
-                                 total, remaining, deadline, fingerprint)
+                                 total, remaining, deadline, fingerprint, traceparent, tracestate)
     VALUES (v_id, q.queue_id, cq.queue_id, fan_out.callback_message, fan_out.headers, v_n, v_n,
-            v_now + make_interval(secs => fan_out.deadline_seconds), v_print)
+            v_now + make_interval(secs => fan_out.deadline_seconds), v_print,
+            fan_out.traceparent, v_trace ->> '_pg_tracestate')
     ON CONFLICT (barrier_id) DO NOTHING;
     IF NOT FOUND THEN
         -- The id exists: the same request again (a retry) returns it and
@@ -424,7 +459,8 @@ BEGIN
         INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, member_of)
         SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now, m.message,
                coalesce(fan_out.headers, '{}'::jsonb)
-                   || jsonb_build_object('barrier_id', v_id, 'member_index', m.ord - 1),
+                   || jsonb_build_object('barrier_id', v_id, 'member_index', m.ord - 1)
+                   || coalesce(v_trace, '{}'),
                v_id
           FROM unnest(fan_out.messages) WITH ORDINALITY AS m (message, ord)
          ORDER BY m.ord
@@ -500,7 +536,8 @@ CREATE FUNCTION pgqueue.complete_members(
     msg_ids bigint[],
     outcomes text[] DEFAULT NULL,
     results jsonb[] DEFAULT NULL,
-    read_cts integer[] DEFAULT NULL
+    read_cts integer[] DEFAULT NULL,
+    traceparents text[] DEFAULT NULL
 ) RETURNS SETOF pgqueue.barrier_status
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -513,6 +550,7 @@ DECLARE
     v_n integer := cardinality(complete_members.msg_ids);
     v_outcomes text[];
     v_results jsonb[];
+    v_traces text[];
     v_tids tid[];
     v_bad text;
 BEGIN
@@ -521,11 +559,14 @@ BEGIN
     END IF;
     v_outcomes := coalesce(complete_members.outcomes, array_fill('succeeded'::text, ARRAY[v_n]));
     v_results := coalesce(complete_members.results, array_fill(NULL::jsonb, ARRAY[v_n]));
+    v_traces := coalesce(complete_members.traceparents, array_fill(NULL::text, ARRAY[v_n]));
     IF cardinality(v_outcomes) <> v_n OR cardinality(v_results) <> v_n
-       OR cardinality(complete_members.read_cts) <> v_n THEN
-        RAISE EXCEPTION 'msg_ids, outcomes, results and read_cts must have the same length'
+       OR cardinality(complete_members.read_cts) <> v_n OR cardinality(v_traces) <> v_n THEN
+        RAISE EXCEPTION 'msg_ids, outcomes, results, read_cts and traceparents must have the same length'
             USING ERRCODE = '22023';
     END IF;
+    PERFORM pgqueue._require_traceparent('traceparents[' || t.i || ']', t.tp)
+       FROM unnest(complete_members.traceparents) WITH ORDINALITY AS t (tp, i) WHERE t.tp IS NOT NULL;
     SELECT o INTO v_bad FROM unnest(v_outcomes) o WHERE o IS NULL OR o NOT IN ('succeeded', 'failed') LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'outcome must be ''succeeded'' or ''failed'', got %', quote_nullable(v_bad)
@@ -543,10 +584,11 @@ BEGIN
         -- The rows are locked: what this sees holds until we commit.
         SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
                coalesce(array_agg(u.outcome ORDER BY u.ord), '{}'),
-               coalesce(array_agg(u.result ORDER BY u.ord), '{}')
-          INTO v_ids, v_outcomes, v_results
-          FROM unnest(complete_members.msg_ids, v_outcomes, v_results, complete_members.read_cts)
-               WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, ord)
+               coalesce(array_agg(u.result ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.tp ORDER BY u.ord), '{}')
+          INTO v_ids, v_outcomes, v_results, v_traces
+          FROM unnest(complete_members.msg_ids, v_outcomes, v_results, complete_members.read_cts, v_traces)
+               WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, tp, ord)
          WHERE u.read_ct IS NULL
             OR (SELECT m.read_ct FROM pgqueue.message m
                  WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id) = u.read_ct;
@@ -557,7 +599,8 @@ BEGIN
     END IF;
     -- Count the outcomes, then ack: the ack's trigger finds the members
     -- counted and leaves them alone.
-    PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[v_n]), v_ids, v_outcomes, v_results);
+    PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[v_n]), v_ids, v_outcomes, v_results,
+                              v_traces);
     v_tids := ARRAY(SELECT (SELECT m.ctid FROM pgqueue.message m
                              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id)
                       FROM unnest(v_ids) AS u (id));

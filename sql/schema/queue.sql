@@ -250,11 +250,48 @@ AS $$
     SELECT q.queue_name, q.max_attempts, q.created_at FROM pgqueue.queue q ORDER BY q.queue_name;
 $$;
 
+-- The reserved headers that carry a message's trace context (W3C Trace
+-- Context): {"_pg_traceparent": ..., "_pg_tracestate": ...}, the latter only
+-- when non-empty; NULL for no traceparent. Only pgqueue's functions write
+-- these keys, from their traceparent/tracestate arguments; a caller's headers
+-- cannot hold them (_require_headers).
+CREATE FUNCTION pgqueue._trace_headers(traceparent text, tracestate text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF traceparent IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pgqueue._require_traceparent('traceparent', traceparent);
+    IF length(tracestate) > 512 OR tracestate ~ '[^\x20-\x7e]' THEN
+        RAISE EXCEPTION 'tracestate must be at most 512 printable ASCII characters'
+            USING ERRCODE = '22023', HINT = 'Pass the W3C tracestate header as the propagator wrote it.';
+    END IF;
+    RETURN jsonb_build_object('_pg_traceparent', traceparent)
+           || CASE WHEN tracestate <> '' THEN jsonb_build_object('_pg_tracestate', tracestate)
+                   ELSE '{}'::jsonb END;
+END
+$$;
+
+-- A W3C traceparent of version 00 with non-zero ids, else 22023 naming `what`.
+CREATE FUNCTION pgqueue._require_traceparent(what text, traceparent text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF traceparent !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       OR substr(traceparent, 4, 32) = repeat('0', 32) OR substr(traceparent, 37, 16) = repeat('0', 16) THEN
+        RAISE EXCEPTION '% is not a W3C traceparent: %', what, quote_literal(left(traceparent, 80))
+            USING ERRCODE = '22023',
+                  HINT = 'Expected 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, ids not all zero.';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION pgqueue.send_batch(
     queue_name text,
     messages jsonb[],
     headers jsonb[] DEFAULT NULL,
-    delay integer DEFAULT 0
+    delay integer DEFAULT 0,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -263,6 +300,7 @@ AS $$
 DECLARE
     q pgqueue.queue;
     v_now timestamptz := clock_timestamp();
+    v_trace jsonb := pgqueue._trace_headers(send_batch.traceparent, send_batch.tracestate);
 BEGIN
     IF send_batch.messages IS NULL THEN
         RAISE EXCEPTION 'messages must not be NULL' USING ERRCODE = '22004';
@@ -284,7 +322,7 @@ BEGIN
     RETURN QUERY
     INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
     SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send_batch.delay),
-           b.message, b.headers
+           b.message, CASE WHEN v_trace IS NULL THEN b.headers ELSE coalesce(b.headers, '{}') || v_trace END
       FROM unnest(send_batch.messages, send_batch.headers) WITH ORDINALITY AS b (message, headers, ord)
      ORDER BY b.ord
     RETURNING msg_id;
@@ -515,7 +553,9 @@ CREATE FUNCTION pgqueue.send(
     headers jsonb DEFAULT NULL,
     delay integer DEFAULT 0,
     dedupe_key text DEFAULT NULL,
-    send_token uuid DEFAULT NULL
+    send_token uuid DEFAULT NULL,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -527,6 +567,7 @@ DECLARE
     v_id bigint;
     v_token uuid;
     v_own bigint;
+    v_headers jsonb := send.headers;
 BEGIN
     IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
        OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
@@ -542,6 +583,10 @@ BEGIN
                 USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
         END IF;
     END IF;
+    IF send.traceparent IS NOT NULL THEN
+        -- after the caller's headers were checked: only this writes _pg_ keys
+        v_headers := coalesce(v_headers, '{}') || pgqueue._trace_headers(send.traceparent, send.tracestate);
+    END IF;
     SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = send.queue_name;
     IF NOT FOUND THEN
         q := pgqueue._queue(send.queue_name);  -- raises "queue ... does not exist"
@@ -550,7 +595,7 @@ BEGIN
     IF send.dedupe_key IS NULL THEN
         INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token)
         VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
-                send.message, send.headers, send.send_token)
+                send.message, v_headers, send.send_token)
         RETURNING msg_id INTO v_id;
     ELSE
         -- Single flight. The unique index decides; the loop only covers the
@@ -579,7 +624,7 @@ BEGIN
             END IF;
             INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token)
             VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
-                    send.message, send.headers, send.dedupe_key, send.send_token)
+                    send.message, v_headers, send.dedupe_key, send.send_token)
             ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
             RETURNING msg_id INTO v_id;
             EXIT WHEN FOUND;
@@ -614,7 +659,9 @@ CREATE FUNCTION pgqueue.send_keyed(
     dedupe_key text,
     headers jsonb DEFAULT NULL,
     delay integer DEFAULT 0,
-    send_token uuid DEFAULT NULL
+    send_token uuid DEFAULT NULL,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL
 ) RETURNS TABLE (msg_id bigint, sent boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -629,7 +676,8 @@ BEGIN
             HINT = 'Use send() for a message without a key.';
     END IF;
     v_id := pgqueue.send(send_keyed.queue_name, send_keyed.message, send_keyed.headers,
-                         send_keyed.delay, send_keyed.dedupe_key, v_token);
+                         send_keyed.delay, send_keyed.dedupe_key, v_token,
+                         send_keyed.traceparent, send_keyed.tracestate);
     RETURN QUERY
     SELECT v_id,
            EXISTS (SELECT FROM pgqueue.message m JOIN pgqueue.queue q ON q.queue_id = m.queue_id

@@ -24,16 +24,17 @@ CREATE TABLE pgqueue.role_grant (
 );
 
 INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
-    ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-    ('pgqueue.send_keyed(text,jsonb,text,jsonb,integer,uuid)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-    ('pgqueue.fan_out(text,jsonb[],text,jsonb,text,jsonb,integer)', '{pgqueue_producer,pgqueue_consumer}'),
+    ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.send_keyed(text,jsonb,text,jsonb,integer,uuid,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.fan_out(text,jsonb[],text,jsonb,text,jsonb,integer,text,text)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.archive(text,bigint)', '{pgqueue_consumer}'),
     ('pgqueue.archive(text,bigint[])', '{pgqueue_consumer}'),
     ('pgqueue.barrier_results(text)', '{pgqueue_consumer}'),
+    ('pgqueue.barrier_links(text,integer)', '{pgqueue_consumer}'),
     ('pgqueue.claim(text,text,integer)', '{pgqueue_consumer}'),
     ('pgqueue.complete_member(text,bigint,text,jsonb,integer)', '{pgqueue_consumer}'),
-    ('pgqueue.complete_members(text,bigint[],text[],jsonb[],integer[])', '{pgqueue_consumer}'),
+    ('pgqueue.complete_members(text,bigint[],text[],jsonb[],integer[],text[])', '{pgqueue_consumer}'),
     ('pgqueue.delete(text,bigint)', '{pgqueue_consumer}'),
     ('pgqueue.delete(text,bigint[])', '{pgqueue_consumer}'),
     ('pgqueue.finish_claim(text,text)', '{pgqueue_consumer}'),

@@ -21,9 +21,12 @@ TESTS = Path(__file__).resolve().parents[1]
 class Proc:
     """A `pgqueue worker worker_app:app` process, its log in a file (JSON lines)."""
 
-    def __init__(self, dsn: str, log: Path, *args: str) -> None:
+    def __init__(
+        self, dsn: str, log: Path, *args: str, app: str = "support.worker_app:app", **env_extra: str
+    ) -> None:
         env = dict(
             os.environ,
+            **env_extra,
             PGQUEUE_DSN=dsn,
             PGQUEUE_LOG_FORMAT="json",
             PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -37,7 +40,7 @@ class Proc:
                     "-m",
                     "pgqueue",
                     "worker",
-                    "support.worker_app:app",
+                    app,
                     *queues,
                     "--poll-interval",
                     "0.2",
@@ -69,11 +72,11 @@ class Proc:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """spawn(dsn, *args): a worker process, killed at the end of the test if still running."""
+    """spawn(dsn, *args, app=..., **env): a worker process, killed at the test's end if running."""
     procs: list[Proc] = []
 
-    def start(dsn: str, *args: str) -> Proc:
-        proc = Proc(dsn, tmp_path / f"worker-{len(procs)}.log", *args)
+    def start(dsn: str, *args: str, **kw: str) -> Proc:
+        proc = Proc(dsn, tmp_path / f"worker-{len(procs)}.log", *args, **kw)
         procs.append(proc)
         return proc
 
