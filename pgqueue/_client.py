@@ -82,7 +82,9 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi):
         A DSN that does not parse raises InvalidArgument before anything
         connects. Connection errors name where the DSN came from: "the dsn
         argument", or `dsn_source` when given (the CLI passes "--dsn"),
-        PGQUEUE_DSN or DATABASE_URL.
+        PGQUEUE_DSN or DATABASE_URL. With `tracer_provider` its sends are
+        traced through that OpenTelemetry provider, else the global one if an
+        SDK set it (docs/observability.md).
         """
         spec = PoolSpec.resolve(
             dsn, min_size, max_size, connect_timeout, prepare_threshold, dsn_source

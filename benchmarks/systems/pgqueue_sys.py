@@ -6,9 +6,12 @@ import time
 
 import psycopg
 
+from benchmarks.otel_modes import install_from_env
 from benchmarks.peers import _support
 from benchmarks.worker_e2e import latency as _latency
 from pgqueue import Client
+
+install_from_env()  # PGQUEUE_BENCH_OTEL: the producer side traces too when asked
 
 NAME = "pgqueue"
 QUEUE = "bench"

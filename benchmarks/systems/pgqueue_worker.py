@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from benchmarks.otel_modes import install_from_env
 from pgqueue import App, Client, Message, Worker, WorkerSettings
 from pgqueue._log import configure_logging
 
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--readers", type=int, default=1)
     args = ap.parse_args()
     configure_logging(json=True, level="WARNING")
+    install_from_env()  # PGQUEUE_BENCH_OTEL: off unless asked
     settings = WorkerSettings(
         concurrency=args.concurrency, batch=args.batch, readers=args.readers, poll_interval=0.1
     )

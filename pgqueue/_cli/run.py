@@ -72,6 +72,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     default=None,
     help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue[prometheus].",
 )
+@click.option(
+    "--trace-links",
+    type=int,
+    default=None,
+    help="Member runs a callback's span links, when tracing [128].",
+)
 def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: Any) -> None:
     """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.
 
