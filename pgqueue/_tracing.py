@@ -31,8 +31,10 @@ TRACEPARENT = "_pg_traceparent"
 TRACESTATE = "_pg_tracestate"
 # The semantic conventions followed (messaging.operation.type, `send` not `publish`).
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
-# The SDK's default link limit: a callback links at most this many member runs.
-DEFAULT_LINKS = 128
+# A callback's run links at most this many member runs: with its creation
+# link, the SDK's default limit of 128 links a span (past it, the SDK drops
+# the oldest links first: the creation link would go).
+DEFAULT_LINKS = 127
 
 Trace = tuple[str, str | None]
 """A context as W3C headers carry it: (traceparent, tracestate or None)."""

@@ -76,7 +76,7 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     "--trace-links",
     type=int,
     default=None,
-    help="Member runs a callback's span links, when tracing [128].",
+    help="Member runs a callback's span links, when tracing [127].",
 )
 def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: Any) -> None:
     """Run the handlers of MODULE:APP (a pgqueue.App) until SIGTERM or SIGINT.

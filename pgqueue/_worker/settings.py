@@ -44,7 +44,7 @@ class WorkerSettings:
     sweep_interval: float = 10.0
     startup_timeout: float = 60.0
     metrics_port: int = 0
-    trace_links: int = 128
+    trace_links: int = 127
 
     def __post_init__(self) -> None:
         problems = self._problems()

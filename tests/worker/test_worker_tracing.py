@@ -156,25 +156,28 @@ def test_an_async_handler_runs_inside_its_span(
     assert seen == [span_id(run)]
 
 
-def test_a_callback_links_at_most_the_cap_of_its_members_runs(
-    traced: Client, spans: Spans, run_worker: Callable[..., Worker]
+@pytest.mark.parametrize("cap", [None, 20])
+def test_a_callback_links_at_most_the_cap_of_its_members_runs_and_keeps_its_creation_link(
+    traced: Client, spans: Spans, run_worker: Callable[..., Worker], cap: int | None
 ) -> None:
     bid = traced.fan_out(
         "jobs", [{"n": i} for i in range(140)], callback_queue="callbacks", callback_message={}
     )
-    run_worker(queues=("jobs", "callbacks"), trace_links=100, concurrency=8)
+    settings: dict[str, Any] = {} if cap is None else {"trace_links": cap}
+    run_worker(queues=("jobs", "callbacks"), concurrency=8, **settings)
     wait_until(lambda: len(named(spans[1], "process callbacks")) == 1, timeout=60)
     [callback] = named(spans[1], "process callbacks")
     [fan] = named(spans[1], "send jobs")
     assert callback.parent is not None and callback.parent.span_id == span_id(fan)
+    expected = 127 if cap is None else cap  # with the creation link: the SDK's 128 by default
     attributes = dict(callback.attributes or {})
     assert attributes["pgqueue.barrier_id"] == bid
     assert attributes["pgqueue.callback"] is True
-    assert attributes["pgqueue.barrier.links"] == 100
+    assert attributes["pgqueue.barrier.links"] == expected
     runs = {span_id(s): s for s in named(spans[1], "process jobs")}
     members = [link for link in callback.links if link.context.span_id in runs]
-    assert len(members) == 100
-    assert [link.attributes["pgqueue.member_index"] for link in members] == list(range(100))
+    assert [link.attributes["pgqueue.member_index"] for link in members] == list(range(expected))
+    assert span_id(fan) in [link.context.span_id for link in callback.links], "creation link kept"
 
 
 def test_fan_in_across_two_worker_processes_links_all_20_members(
