@@ -19,6 +19,7 @@ the very SQL it sent before.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 # link, the SDK's default limit of 128 links a span (past it, the SDK drops
 # the oldest links first: the creation link would go).
 DEFAULT_LINKS = 127
+
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 
 Trace = tuple[str, str | None]
 """A context as W3C headers carry it: (traceparent, tracestate or None)."""
@@ -263,19 +266,34 @@ class Tracing:
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
     def _parse(self, traceparent: str) -> Any:
-        """A remote SpanContext from a traceparent, or None if it does not parse."""
+        """A remote SpanContext from a traceparent, or None if it is not one."""
         return self._extract({TRACEPARENT: traceparent})
 
     def _extract(self, headers: dict[str, Any] | None) -> Any:
-        """The creation context a message carries in its reserved headers, or None."""
+        """The creation context a message carries in its reserved headers, or None.
+
+        Parsed here rather than through the propagator (a tenth of its cost):
+        pgqueue's SQL wrote and checked these values, and a value that does
+        not match is ignored.
+        """
         if not isinstance(headers, dict):
             return None
         traceparent = headers.get(TRACEPARENT)
-        if not isinstance(traceparent, str):
+        if not isinstance(traceparent, str) or not _TRACEPARENT.match(traceparent):
             return None
-        carrier = {"traceparent": traceparent}
+        trace_id, span_id = int(traceparent[3:35], 16), int(traceparent[36:52], 16)
+        if not trace_id or not span_id:
+            return None
         state = headers.get(TRACESTATE)
-        if isinstance(state, str):
-            carrier["tracestate"] = state
-        ctx = self._trace.get_current_span(self._propagator.extract(carrier)).get_span_context()
-        return ctx if ctx.is_valid else None
+        return self._trace.SpanContext(
+            trace_id,
+            span_id,
+            is_remote=True,
+            trace_flags=self._trace.TraceFlags(int(traceparent[53:55], 16)),
+            trace_state=self._trace_state(state) if isinstance(state, str) and state else None,
+        )
+
+    def _trace_state(self, header: str) -> Any:
+        from opentelemetry.trace.span import TraceState
+
+        return TraceState.from_header([header])
