@@ -13,7 +13,8 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, use_span
+from opentelemetry.trace.span import TraceState
 
 from pgqueue import Client, InvalidArgument
 from pgqueue._calls.barrier import barrier_links
@@ -180,3 +181,21 @@ def test_a_malformed_trace_context_is_refused_and_nothing_is_sent(
             (traceparent_arg, tracestate),
         )
     assert client.metrics("jobs").queue_length == 0
+
+
+def test_a_tracestate_travels_beside_the_traceparent(
+    traced: Client, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    parent = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "abc")]),
+    )
+    with use_span(NonRecordingSpan(parent)):
+        traced.send("jobs", 1)
+    sent = only(spans[1])
+    [msg] = traced.read("jobs", vt=30, qty=1)
+    assert msg.headers == {"_pg_traceparent": traceparent(sent), "_pg_tracestate": "vendor=abc"}
+    assert traceparent(sent).startswith("00-0af7651916cd43dd8448eb211c80319c-")
