@@ -121,6 +121,7 @@ class Tracing:
     def __init__(self, provider: Any, links: int = DEFAULT_LINKS) -> None:
         """Tracing through `provider`; a callback's run links at most `links` member runs."""
         from opentelemetry import context, trace
+
         self._trace = trace
         self._context = context
         self.provider = provider
