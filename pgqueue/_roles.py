@@ -23,6 +23,9 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
     "send_keyed": _EVERYONE,
     "send_batch": _EVERYONE,
     "fan_out": (PRODUCER, CONSUMER),
+    "open_barrier": (PRODUCER, CONSUMER),
+    "add_members": (PRODUCER, CONSUMER),
+    "seal": (PRODUCER, CONSUMER),
     **dict.fromkeys(
         [
             "read",

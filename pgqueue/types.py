@@ -108,7 +108,7 @@ class QueueMetrics:
 
 @dataclass(frozen=True, slots=True)
 class BarrierStatus:
-    """A barrier's progress; `state` is open, fired or expired."""
+    """A barrier's progress; `state` is open, fired or expired; `outcome` how it ended."""
 
     barrier_id: str
     queue_name: str | None
@@ -122,6 +122,12 @@ class BarrierStatus:
     fired_at: datetime | None
     callback_msg_id: int | None
     deadline: datetime | None
+    policy: str = "wait_all"  # wait_all, fail_fast or max_failures
+    max_failures: int | None = None
+    max_failure_ratio: float | None = None
+    cancelled: int = 0  # members cancelled when it failed early
+    sealed: bool = True  # False: an open barrier still taking members
+    outcome: str | None = None  # succeeded, failed or timed_out once fired
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,12 +25,19 @@ class BarrierApi(SyncRunner):
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
         deadline_seconds: int | None = None,
+        policy: str | None = None,
+        max_failures: int | None = None,
+        max_failure_ratio: float | None = None,
         conn: Connection | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically; exactly one callback will follow.
 
         The barrier id is generated here when not given, so a fan_out retried
         after a lost reply finds its first attempt and sends nothing twice.
+        The callback follows when every member has an outcome, or at once when
+        more members failed than the policy tolerates: `policy="fail_fast"`
+        (none), `max_failures=N`, `max_failure_ratio=0.05`; members not yet
+        started are then cancelled (docs/workflows.md).
         """
         barrier_id = barrier_id or str(uuid.uuid4())
         return self.run_send(
@@ -44,11 +51,65 @@ class BarrierApi(SyncRunner):
                 headers,
                 deadline_seconds,
                 trace,
+                policy,
+                max_failures,
+                max_failure_ratio,
             ),
             conn,
             count=len(messages),
             attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
         )
+
+    def open_barrier(
+        self,
+        queue: str,
+        *,
+        callback_queue: str,
+        callback_message: JSON,
+        messages: Sequence[JSON] = (),
+        barrier_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        deadline_seconds: int | None = None,
+        policy: str | None = None,
+        max_failures: int | None = None,
+        max_failure_ratio: float | None = None,
+        conn: Connection | None = None,
+    ) -> str:
+        """Arm a barrier that takes members until seal(); it fires only once sealed (or expired)."""
+        barrier_id = barrier_id or str(uuid.uuid4())
+        return self.run_send(
+            queue,
+            lambda trace: _barrier.open_barrier(
+                queue,
+                callback_queue,
+                callback_message,
+                barrier_id,
+                headers,
+                deadline_seconds,
+                messages,
+                trace,
+                policy,
+                max_failures,
+                max_failure_ratio,
+            ),
+            conn,
+            count=len(messages),
+            attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
+        )
+
+    def add_members(
+        self, barrier_id: str, messages: Sequence[JSON], *, conn: Connection | None = None
+    ) -> list[int]:
+        """Add members to an open barrier (in conn's transaction, if given); their msg_ids.
+
+        BarrierConflict once it is sealed or fired. Exactly once across the
+        client's retries.
+        """
+        return self.run(_barrier.add_members(barrier_id, messages), conn)
+
+    def seal(self, barrier_id: str, *, conn: Connection | None = None) -> BarrierStatus:
+        """No more members will come: the barrier fires once every member has an outcome."""
+        return self.run(_barrier.seal(barrier_id), conn)
 
     def complete_member(
         self,
@@ -136,6 +197,9 @@ class AsyncBarrierApi(AsyncRunner):
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
         deadline_seconds: int | None = None,
+        policy: str | None = None,
+        max_failures: int | None = None,
+        max_failure_ratio: float | None = None,
         conn: AsyncConnection | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically; exactly one callback will follow."""
@@ -151,11 +215,65 @@ class AsyncBarrierApi(AsyncRunner):
                 headers,
                 deadline_seconds,
                 trace,
+                policy,
+                max_failures,
+                max_failure_ratio,
             ),
             conn,
             count=len(messages),
             attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
         )
+
+    async def open_barrier(
+        self,
+        queue: str,
+        *,
+        callback_queue: str,
+        callback_message: JSON,
+        messages: Sequence[JSON] = (),
+        barrier_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        deadline_seconds: int | None = None,
+        policy: str | None = None,
+        max_failures: int | None = None,
+        max_failure_ratio: float | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> str:
+        """Arm a barrier that takes members until seal(); it fires only once sealed (or expired)."""
+        barrier_id = barrier_id or str(uuid.uuid4())
+        return await self.run_send(
+            queue,
+            lambda trace: _barrier.open_barrier(
+                queue,
+                callback_queue,
+                callback_message,
+                barrier_id,
+                headers,
+                deadline_seconds,
+                messages,
+                trace,
+                policy,
+                max_failures,
+                max_failure_ratio,
+            ),
+            conn,
+            count=len(messages),
+            attributes={"pgqueue.barrier_id": barrier_id, "pgqueue.callback_queue": callback_queue},
+        )
+
+    async def add_members(
+        self, barrier_id: str, messages: Sequence[JSON], *, conn: AsyncConnection | None = None
+    ) -> list[int]:
+        """Add members to an open barrier (in conn's transaction, if given); their msg_ids.
+
+        BarrierConflict once it is sealed or fired. Exactly once across the
+        client's retries.
+        """
+        return await self.run(_barrier.add_members(barrier_id, messages), conn)
+
+    async def seal(self, barrier_id: str, *, conn: AsyncConnection | None = None) -> BarrierStatus:
+        """No more members will come: the barrier fires once every member has an outcome."""
+        return await self.run(_barrier.seal(barrier_id), conn)
 
     async def complete_member(
         self,

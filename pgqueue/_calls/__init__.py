@@ -45,7 +45,11 @@ def with_trace(call: Call[T], trace: tuple[str, str | None] | None) -> Call[T]:
     sql = call.sql.rstrip()
     assert sql.endswith(")"), call.name
     return Call(
-        call.name, sql[:-1] + ", %s, %s)", (*call.params, *trace), call.result, call.retryable
+        call.name,
+        sql[:-1] + ", traceparent => %s, tracestate => %s)",
+        (*call.params, *trace),
+        call.result,
+        call.retryable,
     )
 
 

@@ -10,19 +10,39 @@ from pgqueue._calls import (
     JSONB_ELEMENTS,
     Call,
     Row,
+    column,
     encode_json,
     encode_json_list,
+    int32,
     scalar,
     with_trace,
 )
+from pgqueue._errors import InvalidArgument
 from pgqueue._tracing import Trace, without_trace_headers
 from pgqueue.types import BarrierStatus, MemberFailure, MemberResult
 
 OUTCOMES = ("succeeded", "failed")
+POLICIES = ("wait_all", "fail_fast", "max_failures")
 
 
 def _statuses(rows: list[Row]) -> list[BarrierStatus]:
     return [BarrierStatus(*r) for r in rows]
+
+
+def _policy(
+    policy: str | None, max_failures: int | None, max_failure_ratio: float | None
+) -> tuple[str | None, int | None, float | None]:
+    """The policy arguments as the SQL takes them (None: inferred from the limits there)."""
+    if policy is not None and policy not in POLICIES:
+        raise InvalidArgument(
+            f"policy must be one of {', '.join(POLICIES)}, got {policy!r}; for a number of"
+            " tolerated failures pass max_failures=N or max_failure_ratio=0.05"
+        )
+    return (
+        policy,
+        None if max_failures is None else int32("max_failures", max_failures),
+        max_failure_ratio,
+    )
 
 
 def fan_out(
@@ -34,6 +54,9 @@ def fan_out(
     headers: dict[str, Any] | None = None,
     deadline_seconds: int | None = None,
     trace: Trace | None = None,
+    policy: str | None = None,
+    max_failures: int | None = None,
+    max_failure_ratio: float | None = None,
 ) -> Call[str]:
     """Send the members and arm their barrier in one transaction; the barrier id.
 
@@ -43,9 +66,12 @@ def fan_out(
     if barrier_id is None:
         barrier_id = str(uuid.uuid4())
     headers = without_trace_headers(headers)
+    policy_args = _policy(policy, max_failures, max_failure_ratio)
+    named = any(a is not None for a in policy_args)  # else the call of before policies
     call = Call(
         "fan_out",
-        f"SELECT pgqueue.fan_out(%s, {JSONB_ELEMENTS}, %s, %s::jsonb, %s, %s::jsonb, %s)",
+        f"SELECT pgqueue.fan_out(%s, {JSONB_ELEMENTS}, %s, %s::jsonb, %s, %s::jsonb, %s"
+        + (", policy => %s, max_failures => %s, max_failure_ratio => %s)" if named else ")"),
         (
             queue,
             encode_json_list(messages, "messages"),
@@ -54,10 +80,67 @@ def fan_out(
             barrier_id,
             None if headers is None else encode_json(headers, "headers"),
             deadline_seconds,
+            *(policy_args if named else ()),
         ),
         scalar,
     )
     return with_trace(call, trace)
+
+
+def open_barrier(
+    queue: str,
+    callback_queue: str,
+    callback_message: Any,
+    barrier_id: str | None,
+    headers: dict[str, Any] | None = None,
+    deadline_seconds: int | None = None,
+    messages: Sequence[Any] = (),
+    trace: Trace | None = None,
+    policy: str | None = None,
+    max_failures: int | None = None,
+    max_failure_ratio: float | None = None,
+) -> Call[str]:
+    """Arm a barrier that takes members until sealed, with its first members; its id."""
+    if barrier_id is None:
+        barrier_id = str(uuid.uuid4())
+    headers = without_trace_headers(headers)
+    call = Call(
+        "open_barrier",
+        "SELECT pgqueue.open_barrier(%s, %s, %s::jsonb, %s, %s::jsonb, %s, %s, %s, %s,"
+        f" {JSONB_ELEMENTS})",
+        (
+            queue,
+            callback_queue,
+            encode_json(callback_message, "callback_message"),
+            barrier_id,
+            None if headers is None else encode_json(headers, "headers"),
+            deadline_seconds,
+            *_policy(policy, max_failures, max_failure_ratio),
+            encode_json_list(messages, "messages"),
+        ),
+        scalar,
+    )
+    return with_trace(call, trace)
+
+
+def add_members(barrier_id: str, messages: Sequence[Any]) -> Call[list[int]]:
+    """Add members to an open barrier; their msg_ids. Exactly once across retries (an add key)."""
+    return Call(
+        "add_members",
+        f"SELECT * FROM pgqueue.add_members(%s, {JSONB_ELEMENTS}, %s)",
+        (barrier_id, encode_json_list(messages, "messages"), uuid.uuid4()),
+        column,
+    )
+
+
+def seal(barrier_id: str) -> Call[BarrierStatus]:
+    """No more members: the barrier fires when the last one has an outcome; its state."""
+    return Call(
+        "seal",
+        "SELECT * FROM pgqueue.seal(%s)",
+        (barrier_id,),
+        lambda rows: _statuses(rows)[0],
+    )
 
 
 def complete_members(

@@ -74,9 +74,12 @@ def test_last_completion_fires_exactly_one_callback_with_marker(
         "total": 3,
         "succeeded": 2,
         "failed": 1,
-        "state": "fired",
+        "cancelled": 0,
+        "outcomes": {"succeeded": 2, "failed": 1},
+        "state": "failed",  # wait_all: it waited for all, and one failed
         "trace": "t-1",
     }
+    assert last.outcome == "failed" and last.policy == "wait_all"
     assert last.callback_msg_id == cb.msg_id
     results = client.barrier_results(bid)
     assert [(r.member_index, r.outcome, r.result) for r in results] == [
@@ -281,7 +284,8 @@ def test_overdue_barrier_expires_with_members_timed_out(
     s = client.barrier_status(bid)
     assert (s.state, s.succeeded, s.failed, s.remaining) == ("expired", 1, 2, 0)
     [cb] = callbacks(client, sql)
-    assert cb.headers is not None and cb.headers["state"] == "expired"
+    assert cb.headers is not None and cb.headers["state"] == "timed_out"
+    assert cb.headers["outcomes"] == {"succeeded": 1, "timed_out": 2}
     # a late completion acks its message and changes nothing
     client.complete_member("work", members[1].msg_id)
     assert [r.outcome for r in client.barrier_results(bid)] == [

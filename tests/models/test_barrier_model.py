@@ -1,5 +1,6 @@
-"""A stateful hypothesis test of barriers against a model: arm, complete in any order,
-complete twice, poison on purpose or by exhausting reads, expire by deadline."""
+"""A stateful hypothesis test of barriers against a model: arm (sealed, or open to take
+members until sealed) under a failure policy, complete in any order, complete twice, poison
+on purpose or by exhausting reads, add members, seal, expire by deadline."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -30,16 +32,28 @@ class Barrier:
     barrier_id: str
     members: list[int]  # msg_ids by member index
     has_deadline: bool
-    outcomes: dict[int, str] = field(default_factory=dict)
+    policy: str = "wait_all"
+    max_failures: int | None = None
+    sealed: bool = True
+    outcomes: dict[int, str] = field(default_factory=dict)  # as each member row records it
     state: str = "open"
-
-    @property
-    def succeeded(self) -> int:
-        return sum(o == "succeeded" for o in self.outcomes.values())
+    outcome: str | None = None
+    # the counts, frozen when it fires (a late completion is recorded, not counted)
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
 
     @property
     def remaining(self) -> int:
-        return len(self.members) - len(self.outcomes)
+        return len(self.members) - self.succeeded - self.failed - self.cancelled
+
+    @property
+    def tolerated(self) -> int:
+        return self.max_failures if self.policy == "max_failures" and self.max_failures else 0
+
+    @property
+    def breached(self) -> bool:
+        return self.policy != "wait_all" and self.failed > self.tolerated
 
 
 class BarrierModel(RuleBasedStateMachine):
@@ -48,42 +62,121 @@ class BarrierModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.call = lambda c: execute(self.conn, c)
+        self.conn.execute("DELETE FROM pgqueue.barrier_member")
+        self.conn.execute("DELETE FROM pgqueue.barrier_addition")
+        self.conn.execute("DELETE FROM pgqueue.barrier")
         for name in ("work", "cb"):
             self.conn.execute("SELECT pgqueue.drop_queue(%s)", (name,))
-        self.conn.execute("DELETE FROM pgqueue.barrier_member")
-        self.conn.execute("DELETE FROM pgqueue.barrier")
         self.call(q.create_queue("work", MAX_ATTEMPTS))
         self.call(q.create_queue("cb", 5))
         self.barriers: list[Barrier] = []
         self.live: dict[int, int] = {}  # member msg_id -> read_ct
         self.member_of: dict[int, Barrier] = {}
 
-    def _fire_if_done(self, bar: Barrier, state: str = "fired") -> None:
-        if bar.state == "open" and bar.remaining == 0:
-            bar.state = state
+    def _fire_if_due(self, bar: Barrier) -> None:
+        if bar.state != "open" or not bar.sealed:
+            return
+        if bar.remaining and bar.breached:
+            # cancels every pending member not under a live lease: the model's
+            # reads lease for 0 s, so every live one
+            for msg_id in bar.members:
+                if msg_id not in bar.outcomes and msg_id in self.live:
+                    del self.live[msg_id]
+                    bar.outcomes[msg_id] = "cancelled"
+                    bar.cancelled += 1
+        elif bar.remaining:
+            return
+        bar.state = "fired"
+        bar.outcome = "failed" if bar.failed > bar.tolerated else "succeeded"
 
     def _count(self, msg_id: int, outcome: str) -> None:
-        bar = self.member_of[msg_id]
-        if msg_id not in bar.outcomes:
-            bar.outcomes[msg_id] = outcome
-            self._fire_if_done(bar)
+        self._count_many([(msg_id, outcome)])
 
-    @rule(n=st.integers(0, 4), deadline=st.booleans())
-    def arm(self, n: int, deadline: bool) -> None:
+    def _count_many(self, ended: list[tuple[int, str]]) -> None:
+        """Members that ended in one statement: all counted, then their barriers fire if due."""
+        touched: list[Barrier] = []
+        for msg_id, outcome in ended:
+            bar = self.member_of[msg_id]
+            if msg_id in bar.outcomes:
+                continue
+            bar.outcomes[msg_id] = outcome
+            if bar.state == "open":
+                if outcome == "succeeded":
+                    bar.succeeded += 1
+                else:
+                    bar.failed += 1
+                touched.append(bar)
+        for bar in touched:
+            self._fire_if_due(bar)
+
+    @rule(
+        n=st.integers(0, 4),
+        deadline=st.booleans(),
+        policy=st.sampled_from([("wait_all", None), ("fail_fast", None), ("max_failures", 1)]),
+        sealed=st.booleans(),
+    )
+    def arm(self, n: int, deadline: bool, policy: tuple[str, int | None], sealed: bool) -> None:
         bid = f"b{len(self.barriers)}"
-        got = self.call(
-            b.fan_out(
-                "work", list(range(n)), "cb", {"bid": bid}, bid, None, 100 if deadline else None
+        name, limit = policy
+        args: dict[str, Any] = {
+            "policy": name if limit is None else None,
+            "max_failures": limit,
+        }
+        if sealed:
+            call = b.fan_out(
+                "work",
+                list(range(n)),
+                "cb",
+                {"bid": bid},
+                bid,
+                None,
+                100 if deadline else None,
+                **args,
             )
-        )
-        assert got == bid
+        else:
+            call = b.open_barrier(
+                "work",
+                "cb",
+                {"bid": bid},
+                bid,
+                None,
+                100 if deadline else None,
+                list(range(n)),
+                **args,
+            )
+        assert self.call(call) == bid
         ids = [r.msg_id for r in self.call(b.barrier_results(bid))]
-        bar = Barrier(bid, ids, deadline)
+        bar = Barrier(bid, ids, deadline, name, limit, sealed)
         self.barriers.append(bar)
+        self._track(bar, ids)
+        self._fire_if_due(bar)
+
+    def _track(self, bar: Barrier, ids: list[int]) -> None:
         for i in ids:
             self.live[i] = 0
             self.member_of[i] = bar
-        self._fire_if_done(bar)
+
+    @precondition(lambda self: self.barriers)
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def add(self, data: st.DataObject, n: int) -> None:
+        bar = data.draw(st.sampled_from(self.barriers))
+        if bar.state != "open" or bar.sealed:
+            with pytest.raises(psycopg.Error, match="no more members can be added"):
+                self.call(b.add_members(bar.barrier_id, list(range(n))))
+            return
+        ids = self.call(b.add_members(bar.barrier_id, list(range(n))))
+        assert len(ids) == n
+        bar.members.extend(ids)
+        self._track(bar, ids)
+
+    @precondition(lambda self: self.barriers)
+    @rule(data=st.data())
+    def seal(self, data: st.DataObject) -> None:
+        bar = data.draw(st.sampled_from(self.barriers))
+        self.call(b.seal(bar.barrier_id))
+        if bar.state == "open":
+            bar.sealed = True
+            self._fire_if_due(bar)
 
     def _member(self, data: st.DataObject) -> int:
         bars = [x for x in self.barriers if x.members]
@@ -112,14 +205,15 @@ class BarrierModel(RuleBasedStateMachine):
     @rule()
     def read_everything(self) -> None:
         # vt=0: every live member is a candidate; exhausted ones are poison-dropped
+        # (in one statement, counted together), which may cancel others first
         got = {m.msg_id: m.read_ct for m in self.call(q.read("work", 0, 100))}
+        exhausted = [i for i, read_ct in self.live.items() if read_ct >= MAX_ATTEMPTS]
+        for msg_id in exhausted:
+            del self.live[msg_id]
+        self._count_many([(i, "poisoned") for i in exhausted])
         expected = {}
-        for msg_id, read_ct in list(self.live.items()):
-            if read_ct >= MAX_ATTEMPTS:
-                del self.live[msg_id]
-                self._count(msg_id, "poisoned")
-            else:
-                self.live[msg_id] = expected[msg_id] = read_ct + 1
+        for msg_id, read_ct in self.live.items():
+            self.live[msg_id] = expected[msg_id] = read_ct + 1
         assert got == expected
 
     @rule()
@@ -129,30 +223,40 @@ class BarrierModel(RuleBasedStateMachine):
         due = [x for x in self.barriers if x.state == "open" and x.has_deadline]
         for bar in due:
             for msg_id in bar.members:
-                bar.outcomes.setdefault(msg_id, "timed_out")
-            self._fire_if_done(bar, "expired")
+                if msg_id not in bar.outcomes:
+                    bar.outcomes[msg_id] = "timed_out"
+                    bar.failed += 1
+            bar.state, bar.outcome = "expired", "timed_out"
         assert expired == len(due)
 
     @invariant()
     def barriers_match(self) -> None:
         for bar in self.barriers:
             s = self.call(b.barrier_status(bar.barrier_id))
-            assert (s.state, s.remaining, s.succeeded, s.failed) == (
+            assert (s.state, s.outcome, s.sealed, s.total) == (
                 bar.state,
+                bar.outcome,
+                bar.sealed,
+                len(bar.members),
+            )
+            assert (s.remaining, s.succeeded, s.failed, s.cancelled) == (
                 bar.remaining,
                 bar.succeeded,
-                len(bar.outcomes) - bar.succeeded,
+                bar.failed,
+                bar.cancelled,
             )
+            recorded = [r.outcome for r in self.call(b.barrier_results(bar.barrier_id))]
+            assert recorded == [bar.outcomes.get(m) for m in bar.members]
 
     @invariant()
     def one_callback_per_resolved_barrier(self) -> None:
         rows = self.conn.execute(
-            "SELECT headers->>'barrier_id', count(*) FROM pgqueue.message"
+            "SELECT headers->>'barrier_id', count(*), min(headers->>'state') FROM pgqueue.message"
             " WHERE queue_id = (SELECT queue_id FROM pgqueue.queue WHERE queue_name = 'cb')"
             " GROUP BY 1"
         ).fetchall()
-        resolved = {x.barrier_id for x in self.barriers if x.state != "open"}
-        assert dict(rows) == dict.fromkeys(resolved, 1)
+        resolved = {x.barrier_id: (1, x.outcome) for x in self.barriers if x.state != "open"}
+        assert {r[0]: (r[1], r[2]) for r in rows} == resolved
 
 
 def test_barriers_behave_like_their_model(dsn: str) -> None:

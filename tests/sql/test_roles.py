@@ -490,7 +490,7 @@ def test_consumer_worker_runs_a_fan_out_to_its_callback(
     assert not thread.is_alive()
     [(headers, first)] = called
     assert first is True
-    assert (headers["succeeded"], headers["failed"], headers["state"]) == (3, 1, "fired")
+    assert (headers["succeeded"], headers["failed"], headers["state"]) == (3, 1, "failed")
     outcomes = [r.outcome for r in client.barrier_results(barrier)]
     assert outcomes == ["succeeded", "succeeded", "poisoned", "succeeded"]
     assert client.metrics("resize").queue_length == 0
