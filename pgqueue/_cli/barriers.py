@@ -26,6 +26,7 @@ from pgqueue._cli._common import (
 )
 from pgqueue._cli._main import main
 from pgqueue._cli.poison import REASON_LIMIT
+from pgqueue.types import BarrierStatus
 
 BARRIER_FIELDS = {
     "barrier_id": "barrier_id",
@@ -40,6 +41,12 @@ BARRIER_FIELDS = {
     "fired_at": "fired_at",
     "callback_msg_id": "callback_msg_id",
     "deadline": "deadline",
+    "policy": "policy",
+    "max_failures": "max_failures",
+    "max_failure_ratio": "max_failure_ratio",
+    "cancelled": "cancelled",
+    "sealed": "sealed",
+    "outcome": "outcome",
 }
 FAILURE_FIELDS = {
     "member_index": "member_index",
@@ -136,11 +143,14 @@ def barrier_show(
         )
         return
     click.echo(f"barrier:   {b.barrier_id}")
-    click.echo(f"state:     {b.state}")
+    ended = f" ({b.outcome})" if b.outcome else ("" if b.sealed else " (not sealed: takes members)")
+    click.echo(f"state:     {b.state}{ended}")
+    click.echo(f"policy:    {policy_text(b)}")
     click.echo(f"members:   queue {b.queue_name or '(dropped)'}")
     click.echo(
         f"progress:  {b.total - b.remaining}/{b.total} done"
-        f" (succeeded {b.succeeded}, failed {b.failed}, remaining {b.remaining})"
+        f" (succeeded {b.succeeded}, failed {b.failed}, cancelled {b.cancelled},"
+        f" remaining {b.remaining})"
     )
     click.echo(
         f"callback:  queue {b.callback_queue or '(dropped)'}, msg_id {b.callback_msg_id or '-'}"
@@ -167,6 +177,37 @@ def barrier_show(
         empty="",
         footer=f"(first {limit}; see more with --limit)" if len(failures) == limit else "",
     )
+
+
+def policy_text(b: BarrierStatus) -> str:
+    """The failure policy as a reader says it."""
+    if b.policy != "max_failures":
+        return b.policy
+    limits = []
+    if b.max_failures is not None:
+        limits.append(f"at most {b.max_failures} failed")
+    if b.max_failure_ratio is not None:
+        limits.append(f"at most {b.max_failure_ratio:g} of the members failed")
+    return "max_failures: " + ", and ".join(limits)
+
+
+@barrier.command("seal")
+@click.argument("barrier_id")
+@json_option
+@connection_options
+def barrier_seal(barrier_id: str, as_json: bool, dsn: str | None, connect_timeout: float) -> None:
+    """Say an open barrier takes no more members: it fires once each has an outcome."""
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        b = client.seal(barrier_id)
+    if as_json:
+        emit_json(shape(b, BARRIER_FIELDS))
+        return
+    if b.state == "open":
+        click.echo(f"sealed {b.barrier_id}: fires when its {b.remaining} remaining member(s) end")
+    else:
+        click.echo(
+            f"sealed {b.barrier_id}: {b.state} ({b.outcome}), callback msg_id {b.callback_msg_id}"
+        )
 
 
 @barrier.command("expire")

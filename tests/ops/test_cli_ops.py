@@ -361,13 +361,15 @@ def test_barrier_list_and_show_say_which_members_failed_and_why(
     assert {b["barrier_id"] for b in listed} == {first_id, barrier_id}
     assert list(listed[0]) == [
         "barrier_id", "queue", "callback_queue", "total", "succeeded", "failed", "remaining",
-        "state", "created_at", "fired_at", "callback_msg_id", "deadline",
+        "state", "created_at", "fired_at", "callback_msg_id", "deadline", "policy",
+        "max_failures", "max_failure_ratio", "cancelled", "sealed", "outcome",
     ]  # fmt: skip
     fired = ok(cli(dsn, "barrier", "list", "--state", "fired")).splitlines()
     assert fired[0].split()[:3] == ["BARRIER_ID", "STATE", "QUEUE"] and len(fired) == 3
 
     shown = ok(cli(dsn, "barrier", "show", barrier_id))
-    assert "progress:  4/4 done (succeeded 1, failed 3, remaining 0)" in shown
+    assert "progress:  4/4 done (succeeded 1, failed 3, cancelled 0, remaining 0)" in shown
+    assert "state:     fired (failed)" in shown and "policy:    wait_all" in shown
     assert "card declined" in shown and "operator: bad payload" in shown
     assert "purged from the queue" in shown
     as_json = json.loads(ok(cli(dsn, "barrier", "show", barrier_id, "--json")))
@@ -378,6 +380,25 @@ def test_barrier_list_and_show_say_which_members_failed_and_why(
     ]
     line = one_line_error(cli(dsn, "barrier", "show", "no-such-barrier"))
     assert "does not exist" in line and "pgqueue barrier list" in line
+
+
+def test_barrier_seal_and_a_policy_shown(client: Client, dsn: str) -> None:
+    client.create_queue("work")
+    client.create_queue("done")
+    bid = client.open_barrier(
+        "work", callback_queue="done", callback_message={}, messages=[1, 2], max_failures=1
+    )
+    shown = ok(cli(dsn, "barrier", "show", bid))
+    assert "state:     open (not sealed: takes members)" in shown
+    assert "policy:    max_failures: at most 1 failed" in shown
+    said = ok(cli(dsn, "barrier", "seal", bid)).strip()
+    assert said == f"sealed {bid}: fires when its 2 remaining member(s) end"
+    for m in client.read("work", vt=30, qty=2):
+        client.complete_member("work", m.msg_id)
+    status = json.loads(ok(cli(dsn, "barrier", "seal", bid, "--json")))
+    assert (status["state"], status["outcome"], status["sealed"]) == ("fired", "succeeded", True)
+    line = one_line_error(cli(dsn, "barrier", "seal", "no-such-barrier"))
+    assert "does not exist" in line
 
 
 def test_barrier_expire(client: Client, dsn: str, sql: Any) -> None:
