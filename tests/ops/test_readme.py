@@ -24,3 +24,21 @@ def test_fan_out_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys:
     exec(compile(python_block_after("## Fan-out and barriers"), "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "{'album': 7}" in out and "'succeeded': 10" in out and "'_pg_transport': True" in out
+
+
+WORKFLOWS = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
+
+
+def test_the_workflow_examples_run(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    blocks = re.findall(r"```python\n(.*?)```", WORKFLOWS.read_text(), re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "docs/workflows.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "failed 1 3",
+        "failed {'failed': 1, 'pending': 1, 'cancelled': 3}",
+        "0",
+        "succeeded 3",
+    ]
