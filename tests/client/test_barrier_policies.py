@@ -346,3 +346,21 @@ def test_the_last_completion_an_add_and_a_seal_racing_fire_once_counting_what_ca
     finally:
         for c in clients:
             c.close()
+
+
+def test_an_open_barrier_broken_before_its_seal_fires_and_cancels_at_the_seal(
+    client: Client, queues: None, sql: Any
+) -> None:
+    bid = client.open_barrier(
+        "work", callback_queue="callbacks", callback_message={}, messages=[1, 2], policy="fail_fast"
+    )
+    [first] = client.read("work", vt=60, qty=1)
+    client.complete_member("work", first.msg_id, outcome="failed")
+    assert client.barrier_status(bid).state == "open"  # not sealed: never fires
+    client.add_members(bid, [3])
+    assert callbacks(sql) == []
+    s = client.seal(bid)
+    assert (s.state, s.outcome, s.failed, s.cancelled, s.total) == ("fired", "failed", 1, 2, 3)
+    assert live_members(sql, bid) == []
+    [(_, headers)] = callbacks(sql)
+    assert headers["state"] == "failed" and headers["total"] == 3
