@@ -22,6 +22,8 @@ from pgqueue._errors import (
     QueueInUse,
     QueueNotFound,
     Retry,
+    WorkflowConflict,
+    WorkflowNotFound,
 )
 from pgqueue._guard import guard
 from pgqueue._retry import RetryPolicy, is_dead_connection
@@ -40,6 +42,9 @@ from pgqueue.types import (
     PoisonMessage,
     QueueInfo,
     QueueMetrics,
+    Step,
+    StepStatus,
+    WorkflowStatus,
 )
 
 __all__ = [
@@ -75,8 +80,13 @@ __all__ = [
     "QueueNotFound",
     "Retry",
     "RetryPolicy",
+    "Step",
+    "StepStatus",
     "Worker",
     "WorkerSettings",
+    "WorkflowConflict",
+    "WorkflowNotFound",
+    "WorkflowStatus",
     "channel",
     "guard",
     "is_dead_connection",

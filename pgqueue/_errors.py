@@ -22,7 +22,9 @@ from pgqueue._roles import FUNCTION_ROLES, GROUP_ROLES
 SQLSTATES: dict[str, str] = {
     "PGQ01": "the named queue does not exist",
     "PGQ02": "the named barrier does not exist",
-    "PGQ03": "a barrier id was reused for another fan-out",
+    "PGQ03": "a barrier id was reused for another fan-out, or members came after its seal",
+    "PGQ04": "a workflow id is running another request, a step name is taken, or it is sealed",
+    "PGQ05": "the named workflow (or step) does not exist",
     "PGQ10": "(a NOTICE, not an error) a read poison-dropped this message",
     "22004": "a required argument is NULL",
     "22023": "an argument is out of range or malformed (a negative vt, a bad queue name, ...)",
@@ -72,9 +74,21 @@ class BarrierNotFound(PgQueueError):
 
 
 class BarrierConflict(PgQueueError):
-    """A barrier id was reused for a different fan-out."""
+    """A barrier id was reused for a different fan-out, or members came after its seal."""
 
     sqlstates = ("PGQ03",)
+
+
+class WorkflowConflict(PgQueueError):
+    """A workflow id is running another request, a step name is taken, or steps came too late."""
+
+    sqlstates = ("PGQ04",)
+
+
+class WorkflowNotFound(PgQueueError):
+    """The named workflow (or step) does not exist."""
+
+    sqlstates = ("PGQ05",)
 
 
 class QueueInUse(PgQueueError):

@@ -26,6 +26,12 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
     "open_barrier": (PRODUCER, CONSUMER),
     "add_members": (PRODUCER, CONSUMER),
     "seal": (PRODUCER, CONSUMER),
+    "start_workflow": (PRODUCER, CONSUMER),
+    "add_steps": (PRODUCER, CONSUMER),
+    "seal_workflow": (PRODUCER, CONSUMER),
+    "workflow_status": _EVERYONE,
+    "step_results": _WORKERS,
+    **dict.fromkeys(["workflow_steps", "list_workflows", "cancel_workflow"], (CONSUMER, OPERATOR)),
     **dict.fromkeys(
         [
             "read",

@@ -19,6 +19,8 @@ RESERVED_PREFIX = "_pg_"
 TRANSPORT_MARKER = "_pg_transport"
 BARRIER_ID = "barrier_id"
 MEMBER_INDEX = "member_index"
+WORKFLOW_ID = "workflow_id"
+STEP = "step"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,18 @@ class Message:
         """This member's position in its fan-out (0-based); None if not a member."""
         value = self._header(MEMBER_INDEX)
         return value if isinstance(value, int) else None
+
+    @property
+    def workflow_id(self) -> str | None:
+        """The workflow this message is a step of (or the final callback of), if any."""
+        value = self._header(WORKFLOW_ID)
+        return value if isinstance(value, str) else None
+
+    @property
+    def step(self) -> str | None:
+        """The workflow step this message belongs to; None if not a step."""
+        value = self._header(STEP)
+        return value if isinstance(value, str) else None
 
     @property
     def is_callback(self) -> bool:
@@ -128,6 +142,67 @@ class BarrierStatus:
     cancelled: int = 0  # members cancelled when it failed early
     sealed: bool = True  # False: an open barrier still taking members
     outcome: str | None = None  # succeeded, failed or timed_out once fired
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a workflow: a message, or a fan-out (`messages`), sent once its dependencies end.
+
+    `on_dependency_failure`: "cancel" (the default: a failed or cancelled
+    dependency cancels this step and, in turn, its own dependents) or "run"
+    (it runs anyway, e.g. a cleanup step). A fan-out step takes a failure
+    policy as fan_out does.
+    """
+
+    name: str
+    queue: str
+    message: Any = None
+    messages: list[Any] | None = None
+    depends_on: tuple[str, ...] = ()
+    headers: dict[str, Any] | None = None
+    policy: str | None = None
+    max_failures: int | None = None
+    max_failure_ratio: float | None = None
+    on_dependency_failure: str = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowStatus:
+    """A workflow's progress: its state and its steps counted by state."""
+
+    workflow_id: str
+    state: str  # running, succeeded, failed or cancelled
+    sealed: bool
+    steps: int
+    steps_left: int
+    waiting: int
+    enqueued: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    callback_queue: str | None
+    callback_msg_id: int | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepStatus:
+    """One step of a workflow: its state, dependencies and its members' counts once sent."""
+
+    step: str
+    queue_name: str | None
+    state: str  # waiting, enqueued, succeeded, failed or cancelled
+    depends_on: list[str]
+    on_dependency_failure: str
+    barrier_id: str | None
+    total: int | None
+    succeeded: int | None
+    failed: int | None
+    cancelled: int | None
+    remaining: int | None
+    enqueued_at: datetime | None
+    finished_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

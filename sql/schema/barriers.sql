@@ -58,6 +58,9 @@ CREATE TABLE pgqueue.barrier (
     -- how it ended: succeeded, failed (more failures than its policy
     -- tolerates) or timed_out (its deadline); NULL while open
     outcome text CHECK (outcome IN ('succeeded', 'failed', 'timed_out')),
+    -- a workflow step's barrier: its firing resolves the step, and sends no callback
+    workflow_id text,
+    step text,
     CHECK ((state = 'open') = (fired_at IS NULL))
 ) WITH (fillfactor = 70);
 CREATE INDEX barrier_deadline_idx ON pgqueue.barrier (deadline) WHERE state = 'open';
@@ -391,20 +394,54 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT b.policy <> 'wait_all' AND b.failed > pgqueue._tolerated(b);
 $$;
 
+-- Cancels the pending members of a barrier (its row locked by the caller)
+-- that are not under a live lease (never read, or visible again): their
+-- messages leave the queue and they count as cancelled. Rows another
+-- transaction holds right now are skipped rather than waited for (they are
+-- being acked, nacked or read, and waiting could close a lock cycle). How
+-- many it cancelled.
+CREATE FUNCTION pgqueue._cancel_pending(p_barrier_id text) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_member_tids tid[];
+    v_message_tids tid[];
+    v_n integer;
+BEGIN
+    SELECT coalesce(array_agg(c.member_tid), '{}'), coalesce(array_agg(c.message_tid), '{}')
+      INTO v_member_tids, v_message_tids
+      FROM (SELECT bm.ctid AS member_tid, m.ctid AS message_tid
+              FROM pgqueue.barrier_member bm
+              JOIN pgqueue.message m ON m.queue_id = bm.queue_id AND m.msg_id = bm.msg_id
+             WHERE bm.barrier_id = p_barrier_id AND bm.outcome IS NULL
+               AND (m.read_ct = 0 OR m.vt <= v_now)
+               FOR UPDATE OF bm, m SKIP LOCKED) c;
+    UPDATE pgqueue.barrier_member m
+       SET outcome = 'cancelled', completed_at = v_now
+     WHERE m.ctid = ANY (v_member_tids) AND m.outcome IS NULL;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- counted above: the trigger leaves them alone
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_message_tids);
+    UPDATE pgqueue.barrier x
+       SET cancelled = x.cancelled + v_n, remaining = x.remaining - v_n
+     WHERE x.barrier_id = p_barrier_id;
+    RETURN v_n;
+END
+$$;
+
 -- The one callback, inserted here rather than through send(), which refuses
 -- the marker. Called with the barrier row locked, by the one transaction that
 -- found it due. Fired early by its failure policy (members still pending),
--- it first cancels the members not under a live lease (never read, or
--- visible again): their messages leave the queue and they count as
--- cancelled, in this transaction. Rows another transaction holds right now
--- are skipped rather than waited for (they are being acked, nacked or read,
--- and waiting could close a lock cycle); a member still running finishes, and
--- its completion is recorded on its own row and changes no counts. The
--- fan-out's headers come first, without a member_index (a handler that
--- passed its member's headers on to a nested fan_out would otherwise make
--- that fan-out's callback look like a member), then the keys only a firing
--- writes: state (succeeded, failed or timed_out) and the count of every
--- outcome.
+-- it first cancels the members not under a live lease (_cancel_pending); a
+-- member still running finishes, and its completion is recorded on its own
+-- row and changes no counts. The fan-out's headers come first, without a
+-- member_index (a handler that passed its member's headers on to a nested
+-- fan_out would otherwise make that fan-out's callback look like a member),
+-- then the keys only a firing writes: state (succeeded, failed or
+-- timed_out) and the count of every outcome. A workflow step's barrier sends
+-- no callback: its firing resolves the step (workflows.sql).
 CREATE FUNCTION pgqueue._fire(p_barrier_id text, p_state text) RETURNS bigint
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -414,36 +451,24 @@ DECLARE
     q pgqueue.queue;
     v_now timestamptz := clock_timestamp();
     v_msg_id bigint;
-    v_member_tids tid[];
-    v_message_tids tid[];
-    v_n integer;
     v_outcome text;
     v_counts jsonb;
 BEGIN
     SELECT * INTO b FROM pgqueue.barrier WHERE barrier_id = p_barrier_id;
     IF p_state = 'fired' AND b.remaining > 0 THEN
-        SELECT coalesce(array_agg(c.member_tid), '{}'), coalesce(array_agg(c.message_tid), '{}')
-          INTO v_member_tids, v_message_tids
-          FROM (SELECT bm.ctid AS member_tid, m.ctid AS message_tid
-                  FROM pgqueue.barrier_member bm
-                  JOIN pgqueue.message m ON m.queue_id = bm.queue_id AND m.msg_id = bm.msg_id
-                 WHERE bm.barrier_id = p_barrier_id AND bm.outcome IS NULL
-                   AND (m.read_ct = 0 OR m.vt <= v_now)
-                   FOR UPDATE OF bm, m SKIP LOCKED) c;
-        UPDATE pgqueue.barrier_member m
-           SET outcome = 'cancelled', completed_at = v_now
-         WHERE m.ctid = ANY (v_member_tids) AND m.outcome IS NULL;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        -- counted above: the trigger leaves them alone
-        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_message_tids);
-        UPDATE pgqueue.barrier x
-           SET cancelled = x.cancelled + v_n, remaining = x.remaining - v_n
-         WHERE x.barrier_id = p_barrier_id
-        RETURNING * INTO b;
+        PERFORM pgqueue._cancel_pending(p_barrier_id);
+        SELECT * INTO b FROM pgqueue.barrier WHERE barrier_id = p_barrier_id;
     END IF;
     v_outcome := CASE WHEN p_state = 'expired' THEN 'timed_out'
-                      WHEN b.failed > pgqueue._tolerated(b) THEN 'failed'
+                      WHEN b.failed > pgqueue._tolerated(b) OR b.cancelled > 0 THEN 'failed'
                       ELSE 'succeeded' END;
+    IF b.workflow_id IS NOT NULL THEN
+        UPDATE pgqueue.barrier
+           SET state = p_state, outcome = v_outcome, fired_at = clock_timestamp()
+         WHERE barrier_id = p_barrier_id;
+        PERFORM pgqueue._step_done(b.workflow_id, b.step, v_outcome);
+        RETURN NULL;
+    END IF;
     SELECT jsonb_object_agg(o.outcome, o.n) INTO v_counts
       FROM (SELECT coalesce(m.outcome, 'pending') AS outcome, count(*) AS n
               FROM pgqueue.barrier_member m WHERE m.barrier_id = p_barrier_id
@@ -510,6 +535,27 @@ BEGIN
 END
 $$;
 
+-- A failure policy and its limits that go together, else 22023.
+CREATE FUNCTION pgqueue._require_policy(p_policy text, p_max_failures integer,
+                                        p_max_failure_ratio double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_policy NOT IN ('wait_all', 'fail_fast', 'max_failures') THEN
+        RAISE EXCEPTION 'policy must be wait_all, fail_fast or max_failures, got %', quote_literal(p_policy)
+            USING ERRCODE = '22023';
+    END IF;
+    IF (p_policy = 'max_failures') <> (p_max_failures IS NOT NULL OR p_max_failure_ratio IS NOT NULL) THEN
+        RAISE EXCEPTION 'max_failures and max_failure_ratio go with the policy max_failures, and it needs one'
+            USING ERRCODE = '22023',
+                  HINT = 'Pass max_failures => N or max_failure_ratio => 0.05 (or both: the lower limit wins).';
+    END IF;
+    IF p_max_failures < 0 OR NOT (p_max_failure_ratio >= 0 AND p_max_failure_ratio < 1) THEN
+        RAISE EXCEPTION 'max_failures must be >= 0 and max_failure_ratio from 0 up to, not including, 1'
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
 -- Arms a barrier (sealed: fan_out; not: open_barrier) with its first members,
 -- in one transaction; its id. The barrier keeps a fingerprint of the
 -- request: a retry of the same request (the client sends the very same
@@ -547,19 +593,7 @@ BEGIN
     IF p_deadline_seconds IS NOT NULL THEN
         PERFORM pgqueue._require_nonnegative('deadline_seconds', p_deadline_seconds);
     END IF;
-    IF v_policy NOT IN ('wait_all', 'fail_fast', 'max_failures') THEN
-        RAISE EXCEPTION 'policy must be wait_all, fail_fast or max_failures, got %', quote_literal(v_policy)
-            USING ERRCODE = '22023';
-    END IF;
-    IF (v_policy = 'max_failures') <> (p_max_failures IS NOT NULL OR p_max_failure_ratio IS NOT NULL) THEN
-        RAISE EXCEPTION 'max_failures and max_failure_ratio go with the policy max_failures, and it needs one'
-            USING ERRCODE = '22023',
-                  HINT = 'Pass max_failures => N or max_failure_ratio => 0.05 (or both: the lower limit wins).';
-    END IF;
-    IF p_max_failures < 0 OR NOT (p_max_failure_ratio >= 0 AND p_max_failure_ratio < 1) THEN
-        RAISE EXCEPTION 'max_failures must be >= 0 and max_failure_ratio from 0 up to, not including, 1'
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM pgqueue._require_policy(v_policy, p_max_failures, p_max_failure_ratio);
     PERFORM pgqueue._require_headers(p_headers);
     -- Locked so a concurrent drop_queue either sees this barrier or makes us
     -- fail: a barrier never points at a callback queue that is gone.

@@ -53,6 +53,7 @@ from support.db import LOCAL_DSN, drop_database, with_dbname  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 
 from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
+from pgqueue._calls import barrier as _barrier  # noqa: E402
 from pgqueue._log import configure_logging  # noqa: E402
 from pgqueue._migrate import migrate  # noqa: E402
 
@@ -323,8 +324,13 @@ class Ledger:
 
     singles: dict[str, int] = field(default_factory=dict)
     barriers: dict[str, int] = field(default_factory=dict)
+    open_barriers: int = 0  # of them, armed open and grown by add_members before a seal
     retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# The failure policies barriers are armed with, at random.
+POLICIES: list[dict[str, Any]] = [{}, {}, {"policy": "fail_fast"}, {"max_failures": 2}]
 
 
 def design(rng: random.Random, cfg: Config) -> dict[str, Any]:
@@ -379,6 +385,39 @@ class Producer(threading.Thread):
         except BaseException as exc:  # reported by the runner: a producer must not die
             self.error = exc
 
+    def _open_barrier(
+        self,
+        client: Client,
+        bid: str,
+        members: list[dict[str, Any]],
+        cb: dict[str, Any],
+        policy: dict[str, Any],
+    ) -> None:
+        """Arm bid open with a first part of its members, add the rest in two calls, seal it.
+
+        Each add is one call retried as is (its add key with it), so a retry
+        after a lost reply adds nothing twice.
+        """
+        cut = self.rng.randint(0, len(members))
+        mid = self.rng.randint(cut, len(members))
+        self._until_confirmed(
+            partial(
+                client.open_barrier,
+                WORK,
+                callback_queue=CALLBACKS,
+                callback_message=cb,
+                barrier_id=bid,
+                messages=members[:cut],
+                **policy,
+            )
+        )
+        for part in (members[cut:mid], members[mid:]):
+            add = _barrier.add_members(bid, part)
+            self._until_confirmed(partial(client.run, add))
+        self._until_confirmed(partial(client.seal, bid))
+        with self.ledger.lock:
+            self.ledger.open_barriers += 1
+
     def _run(self) -> None:
         retry = RetryPolicy(attempts=20, deadline_seconds=30, initial_wait_seconds=0.05)
         share = self.cfg.rate / self.cfg.producers
@@ -401,16 +440,21 @@ class Producer(threading.Thread):
                     size = self.rng.randint(1, 500)
                     members = [design(self.rng, self.cfg) for _ in range(size)]
                     cb = callback_message(self.rng, self.cfg, 0)
-                    self._until_confirmed(
-                        partial(
-                            client.fan_out,
-                            WORK,
-                            members,
-                            callback_queue=CALLBACKS,
-                            callback_message=cb,
-                            barrier_id=bid,
+                    policy = self.rng.choice(POLICIES)
+                    if self.rng.random() < 0.25:
+                        self._open_barrier(client, bid, members, cb, policy)
+                    else:
+                        self._until_confirmed(
+                            partial(
+                                client.fan_out,
+                                WORK,
+                                members,
+                                callback_queue=CALLBACKS,
+                                callback_message=cb,
+                                barrier_id=bid,
+                                **policy,
+                            )
                         )
-                    )
                     with self.ledger.lock:
                         self.ledger.barriers[bid] = size
                     self.sent += size
@@ -553,7 +597,8 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
         barriers = {
             r[0]: r[1:]
             for r in conn.execute(
-                "SELECT barrier_id, total, succeeded, failed, state FROM pgqueue.barrier"
+                "SELECT barrier_id, total, succeeded, failed, state, cancelled, remaining, policy,"
+                " outcome, max_failures FROM pgqueue.barrier"
             )
         }
         effects = Counter(r[0] for r in conn.execute("SELECT barrier_id FROM soak_callback"))
@@ -563,13 +608,17 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     callbacks = [k for k, (_, h) in inserted.items() if h.get("_pg_transport")]
     member_keys = [k for k, (_, h) in inserted.items() if "member_index" in h]
     lost = [k for k in inserted if k not in deleted and k not in present]
-    acked = [k for k in deleted if k not in poisoned]
+    # members a failing barrier cancelled: deleted by the firing, never to run
+    cancelled = {k for k, o in member_outcome.items() if o == "cancelled"}
+    ran_cancelled = [k for k in cancelled if any(e["e"] == "start" for e in log.get(k, []))]
+    acked = [k for k in deleted if k not in poisoned and k not in cancelled]
     no_run = [k for k in acked if not any(e["e"] == "done" for e in log.get(k, []))]
     unexpected = [
         k
         for k, (m, h) in inserted.items()
         if not h.get("_pg_transport")
         and k in deleted
+        and k not in cancelled
         and expected_outcome(m) != ("poisoned" if k in poisoned else "succeeded")
     ]
     after_ack = [
@@ -589,7 +638,8 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
         b for b in barriers if row_fired(barriers[b]) and (b not in callbacks_of or effects[b] == 0)
     ]
     wrong = []
-    for bid, (total, succeeded, failed, _state) in barriers.items():
+    for bid, row in barriers.items():
+        total, succeeded, failed, _state, n_cancelled, remaining, policy, outcome, limit = row
         outs = [o for _, o in members[bid]]
         ok = sum(o == "succeeded" for o in outs)
         designed_fail = sum(
@@ -597,13 +647,31 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             for mid, _ in members[bid]
             if ("soak_work", mid) in inserted
         )
-        counts_ok = total == len(outs) and succeeded == ok and failed == len(outs) - ok
-        design_ok = failed == designed_fail
+        tolerated = (limit or 0) if policy == "max_failures" else 0
+        # the counts are frozen when it fires: what ended later (remaining) is
+        # recorded on its member row only
+        books = total == len(outs) and succeeded + failed + n_cancelled + remaining == total
+        books = books and n_cancelled == sum(o == "cancelled" for o in outs)
+        said = outcome == ("failed" if failed > tolerated else "succeeded")
+        if policy == "wait_all" or outcome == "succeeded":
+            # every member counted before it fired: the books match the design
+            counts_ok = (succeeded, failed, n_cancelled, remaining) == (ok, total - ok, 0, 0)
+            counts_ok = counts_ok and failed == designed_fail
+        else:  # failed early: it fired at the failure that broke the policy
+            # (one statement can fail several members at once: a read's poison drops)
+            counts_ok = failed > tolerated and designed_fail >= failed
         cb_ok = all(
-            (h.get("total"), h.get("succeeded"), h.get("failed")) == (total, succeeded, failed)
+            (
+                h.get("total"),
+                h.get("succeeded"),
+                h.get("failed"),
+                h.get("cancelled"),
+                h.get("state"),
+            )
+            == (total, succeeded, failed, n_cancelled, outcome)
             for h in callback_headers.get(bid, [])
         )
-        if not (counts_ok and design_ok and cb_ok):
+        if not (books and said and counts_ok and cb_ok):
             wrong.append(bid)
     unconfirmed: list[Any] = []
     if ledger is not None:
@@ -624,6 +692,15 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             "callbacks": len(callbacks),
             "barriers": len(barriers),
             "nested barriers": sum("/child" in b for b in barriers),
+            "barriers fail_fast / max_failures": (
+                f"{sum(r[6] == 'fail_fast' for r in barriers.values())}"
+                f" / {sum(r[6] == 'max_failures' for r in barriers.values())}"
+            ),
+            "barriers failed early by their policy": sum(
+                r[6] != "wait_all" and r[7] == "failed" for r in barriers.values()
+            ),
+            "members cancelled (none ran)": len(cancelled),
+            "open barriers grown, then sealed": ledger.open_barriers if ledger else "-",
             "designed to fail, then succeed": len(designed("fail")),
             "designed to fail always": len(designed("perm")),
             "slower than their vt": len(slow),
@@ -660,6 +737,7 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     rep.fail("fired barriers without their callback", len(missing), missing)
     rep.fail("barriers with wrong counts", len(wrong), wrong)
     rep.fail("members without an outcome", len(bad_members), bad_members)
+    rep.fail("cancelled members that ran", len(ran_cancelled), ran_cancelled)
     rep.fail("sends the producers confirmed but the database lacks", len(unconfirmed), unconfirmed)
     if bound is not None and duplicates > bound:
         rep.failures.append(f"duplicate executions {duplicates} exceed their bound {bound}")
@@ -667,7 +745,7 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
 
 
 def row_fired(row: tuple[Any, ...]) -> bool:
-    """A barrier row whose state says it fired."""
+    """A barrier row whose state says it fired (or expired)."""
     return bool(row[3] in ("fired", "expired"))
 
 
