@@ -1,0 +1,266 @@
+"""Workflows: steps with dependencies, each enqueued exactly once, on the real server.
+
+The races run on real concurrent connections, many times over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.db import run_threads
+
+from pgqueue import (
+    Client,
+    InvalidArgument,
+    Message,
+    Step,
+    WorkflowConflict,
+    WorkflowNotFound,
+)
+
+
+@pytest.fixture
+def queues(client: Client) -> None:
+    for q in ("steps", "fan", "done"):
+        client.create_queue(q, max_attempts=2)
+
+
+def run_ready(client: Client, queue: str = "steps", outcome: str = "succeeded") -> list[Message]:
+    """Read what is visible and complete it; the messages run."""
+    msgs = client.read(queue, vt=60, qty=100)
+    for m in msgs:
+        client.complete_member(queue, m.msg_id, outcome=outcome, result={"step": m.step})
+    return msgs
+
+
+def states(client: Client, wid: str) -> dict[str, str]:
+    return {s.step: s.state for s in client.workflow_steps(wid)}
+
+
+def final_callbacks(client: Client, sql: Any) -> list[dict[str, Any]]:
+    return [
+        r[0]
+        for r in sql.execute(
+            "SELECT m.headers FROM pgqueue.message m JOIN pgqueue.queue q USING (queue_id)"
+            " WHERE q.queue_name = 'done' ORDER BY m.msg_id"
+        )
+    ]
+
+
+def test_a_diamond_runs_each_step_once_after_its_dependencies_and_calls_back_once(
+    client: Client, queues: None, sql: Any
+) -> None:
+    wid = client.start_workflow(
+        "order-7",
+        [
+            Step("ship", "steps", {"n": 4}, depends_on=("charge", "pack")),
+            Step("charge", "steps", {"n": 2}, depends_on=("check",)),
+            Step("pack", "steps", {"n": 3}, depends_on=("check",)),
+            Step("check", "steps", {"n": 1}),
+        ],
+        callback_queue="done",
+        callback_message={"order": 7},
+    )
+    assert states(client, wid) == {
+        "check": "enqueued",
+        "charge": "waiting",
+        "pack": "waiting",
+        "ship": "waiting",
+    }
+    assert [m.step for m in run_ready(client)] == ["check"]
+    assert sorted(m.step or "" for m in run_ready(client)) == ["charge", "pack"]
+    [ship] = run_ready(client)
+    assert (ship.step, ship.workflow_id, ship.message) == ("ship", wid, {"n": 4})
+    assert run_ready(client) == []
+    s = client.workflow_status(wid)
+    assert (s.state, s.steps, s.succeeded, s.steps_left) == ("succeeded", 4, 4, 0)
+    [callback] = final_callbacks(client, sql)
+    assert callback["_pg_transport"] is True and callback["workflow_id"] == wid
+    assert callback["state"] == "succeeded"
+    assert callback["steps"] == dict.fromkeys(["check", "charge", "pack", "ship"], "succeeded")
+    [packed] = client.step_results(wid, "pack")
+    assert (packed.outcome, packed.result) == ("succeeded", {"step": "pack"})
+
+
+def test_a_chain_of_200_steps_runs_in_order(client: Client, queues: None) -> None:
+    steps = [Step("s0", "steps", 0)] + [
+        Step(f"s{i}", "steps", i, depends_on=(f"s{i - 1}",)) for i in range(1, 200)
+    ]
+    wid = client.start_workflow("chain", steps)
+    order = []
+    while batch := run_ready(client):
+        assert len(batch) == 1
+        order.append(batch[0].message)
+    assert order == list(range(200))
+    assert client.workflow_status(wid).state == "succeeded"
+
+
+def test_a_failed_step_cancels_its_dependents_transitively_unless_they_run_anyway(
+    client: Client, queues: None, sql: Any
+) -> None:
+    wid = client.start_workflow(
+        "w",
+        [
+            Step("a", "steps", 1),
+            Step("b", "steps", 2, depends_on=("a",)),
+            Step("c", "steps", 3, depends_on=("b",)),
+            Step("cleanup", "steps", 4, depends_on=("b",), on_dependency_failure="run"),
+        ],
+        callback_queue="done",
+    )
+    run_ready(client)  # a
+    run_ready(client, outcome="failed")  # b fails
+    assert states(client, wid) == {
+        "a": "succeeded",
+        "b": "failed",
+        "c": "cancelled",
+        "cleanup": "enqueued",
+    }
+    assert [m.step for m in run_ready(client)] == ["cleanup"]
+    s = client.workflow_status(wid)
+    assert (s.state, s.succeeded, s.failed, s.cancelled) == ("failed", 2, 1, 1)
+    [callback] = final_callbacks(client, sql)
+    assert callback["state"] == "failed" and callback["steps"]["c"] == "cancelled"
+
+
+def test_a_fan_out_step_is_joined_and_its_results_read_by_reference(
+    client: Client, queues: None
+) -> None:
+    wid = client.start_workflow(
+        "fanin",
+        [
+            Step("split", "fan", messages=[{"part": i} for i in range(50)], max_failures=2),
+            Step("join", "steps", {"join": True}, depends_on=("split",)),
+        ],
+    )
+    parts = client.read("fan", vt=60, qty=100)
+    assert len(parts) == 50 and {m.step for m in parts} == {"split"}
+    for i, m in enumerate(parts):
+        outcome = "failed" if i < 2 else "succeeded"  # two tolerated
+        client.complete_member("fan", m.msg_id, outcome=outcome, result={"sum": i})
+    [join] = client.read("steps", vt=60, qty=10)
+    assert join.message == {"join": True}  # no results copied into the payload
+    results = client.step_results(join.workflow_id or "", "split")
+    assert [r.result for r in results] == [{"sum": i} for i in range(50)]
+    client.complete_member("steps", join.msg_id)
+    assert client.workflow_status(wid).state == "succeeded"
+
+
+def test_a_workflow_id_is_single_flight_while_it_runs(client: Client, queues: None) -> None:
+    steps = [Step("a", "steps", 1)]
+    assert client.start_workflow("root-A", steps) == "root-A"
+    assert client.start_workflow("root-A", steps) == "root-A"  # a retry: nothing new
+    assert client.metrics("steps").queue_length == 1
+    with pytest.raises(WorkflowConflict, match="running"):
+        client.start_workflow("root-A", [Step("b", "steps", 2)])
+    assert client.list_workflows(state="running")[0].workflow_id == "root-A"
+    run_ready(client)
+    assert client.workflow_status("root-A").state == "succeeded"
+    client.start_workflow("root-A", [Step("b", "steps", 2)])  # finished: may run again
+    assert states(client, "root-A") == {"b": "enqueued"}
+
+
+def test_steps_grafted_while_it_runs_then_sealed(client: Client, queues: None, sql: Any) -> None:
+    wid = client.start_workflow(
+        "crawl", [Step("root", "steps", "/")], sealed=False, callback_queue="done"
+    )
+    [root] = client.read("steps", vt=60, qty=10)
+    # the root's handler grafts what it found, in its own transaction
+    with client.connection() as conn, conn.transaction():
+        client.add_steps(
+            wid,
+            [
+                Step("/a", "steps", "/a", depends_on=("root",)),
+                Step("merge", "steps", "merge", depends_on=("/a", "root")),
+            ],
+            conn=conn,
+        )
+        client.complete_member("steps", root.msg_id, conn=conn)
+    assert [m.step for m in run_ready(client)] == ["/a"]
+    assert [m.step for m in run_ready(client)] == ["merge"]
+    s = client.workflow_status(wid)
+    assert (s.state, s.steps_left, s.sealed) == ("running", 0, False)  # not sealed: not over
+    assert final_callbacks(client, sql) == []
+    # a step grafted on after its dependency ended runs at once
+    client.add_steps(wid, [Step("late", "steps", "late", depends_on=("merge",))])
+    assert [m.step for m in run_ready(client)] == ["late"]
+    assert client.seal_workflow(wid).state == "succeeded"
+    assert len(final_callbacks(client, sql)) == 1
+    with pytest.raises(WorkflowConflict, match="no more steps"):
+        client.add_steps(wid, [Step("x", "steps", 1)])
+
+
+def test_cancel_cancels_what_has_not_started_and_lets_running_members_finish(
+    client: Client, queues: None, sql: Any
+) -> None:
+    wid = client.start_workflow(
+        "big",
+        [
+            Step("split", "fan", messages=list(range(10))),
+            Step("after", "steps", 1, depends_on=("split",)),
+        ],
+        callback_queue="done",
+    )
+    running = client.read("fan", vt=60, qty=3)
+    s = client.cancel_workflow(wid)
+    assert (s.state, s.cancelled) == ("cancelled", 2)
+    assert client.metrics("fan").queue_length == 3  # the seven not started are gone
+    [split] = [x for x in client.workflow_steps(wid) if x.step == "split"]
+    assert (split.cancelled, split.remaining) == (7, 3)
+    for m in running:
+        client.complete_member("fan", m.msg_id)  # recorded, changes nothing
+    assert client.workflow_status(wid).state == "cancelled"
+    assert client.metrics("steps").queue_length == 0  # "after" never sent
+    [callback] = final_callbacks(client, sql)
+    assert callback["state"] == "cancelled"
+    assert client.cancel_workflow(wid).state == "cancelled"  # again: nothing
+
+
+def test_bad_workflows_are_refused_and_nothing_is_started(client: Client, queues: None) -> None:
+    with pytest.raises(InvalidArgument, match="cycle"):
+        client.start_workflow(
+            "w",
+            [Step("a", "steps", 1, depends_on=("b",)), Step("b", "steps", 1, depends_on=("a",))],
+        )
+    with pytest.raises(InvalidArgument, match="not in workflow"):
+        client.start_workflow("w", [Step("a", "steps", 1, depends_on=("ghost",))])
+    with pytest.raises(InvalidArgument, match="policy"):
+        client.start_workflow(
+            "w", [Step("a", "fan", messages=[1], policy="fail_fast", max_failures=1)]
+        )
+    with pytest.raises(InvalidArgument, match="listed twice"):
+        client.start_workflow("w", [Step("a", "steps", 1), Step("a", "steps", 2)])
+    with pytest.raises(WorkflowNotFound):
+        client.workflow_status("w")
+    assert client.metrics("steps").queue_length == 0 and client.metrics("fan").queue_length == 0
+
+
+def test_a_step_whose_dependencies_end_at_once_on_many_connections_is_enqueued_once(
+    client: Client, queues: None, dsn: str
+) -> None:
+    """The with_items incident: 8 dependencies complete at the same instant, 20 times over."""
+    n = 8
+    clients = [Client.from_dsn(dsn, max_size=1) for _ in range(n)]
+    try:
+        for round_ in range(20):
+            wid = f"items-{round_}"
+            deps = [Step(f"item{i}", "fan", i) for i in range(n)]
+            client.start_workflow(
+                wid,
+                [*deps, Step("validate", "steps", round_, depends_on=tuple(d.name for d in deps))],
+            )
+            items = client.read("fan", vt=60, qty=n)
+            assert len(items) == n
+
+            def complete(i: int, items: list[Message] = items) -> None:
+                clients[i].complete_member("fan", items[i].msg_id)
+
+            run_threads(n, complete)
+            sent = client.read("steps", vt=60, qty=10)
+            assert [m.message for m in sent] == [round_], "validate dispatched once"
+            client.complete_member("steps", sent[0].msg_id)
+            assert client.workflow_status(wid).state == "succeeded"
+    finally:
+        for c in clients:
+            c.close()
