@@ -1,6 +1,13 @@
-"""The `pgqueue` command: queues, messages, poison, barriers, claims, workers and the demo."""
+"""The `pgqueue` command: queues, messages, poison, barriers, claims, workflows, workers."""
 
-from pgqueue._cli import barriers, exporter, poison, queues, run  # noqa: F401  (they register)
+from pgqueue._cli import (  # noqa: F401  (they register)
+    barriers,
+    exporter,
+    poison,
+    queues,
+    run,
+    workflows,
+)
 from pgqueue._cli._main import main
 
 __all__ = ["main"]

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
-from pgqueue import Client
+from pgqueue import Client, Step
 from pgqueue._cli import main
 from pgqueue._cli import poison as poison_cli
 from pgqueue._cli import queues as queues_cli
@@ -488,3 +488,41 @@ def test_worker_refuses_bad_apps_and_missing_queues_in_one_line(dsn: str) -> Non
     assert "do not exist; create them first" in line
     line = one_line_error(cli(dsn, "worker", "support.worker_app:app", "--vt", "0"), 2)
     assert "'--vt'" in line
+
+
+def test_workflow_list_show_and_cancel(client: Client, dsn: str) -> None:
+    client.create_queue("steps")
+    client.start_workflow(
+        "nightly",
+        [
+            Step("extract", "steps", 1),
+            Step("load", "steps", 2, depends_on=("extract",)),
+        ],
+    )
+    listed = json.loads(ok(cli(dsn, "workflow", "list", "--json")))
+    assert [(w["workflow_id"], w["state"], w["steps"], w["enqueued"]) for w in listed] == [
+        ("nightly", "running", 2, 1)
+    ]
+    table = ok(cli(dsn, "workflow", "list")).splitlines()
+    assert table[0].split()[:2] == ["WORKFLOW_ID", "STATE"] and table[1].split()[:2] == [
+        "nightly",
+        "running",
+    ]
+    shown = ok(cli(dsn, "workflow", "show", "nightly"))
+    assert "steps:     0/2 ended" in shown
+    rows = {line.split()[0]: line.split() for line in shown.splitlines()[6:]}
+    assert rows["extract"][1:4] == ["enqueued", "steps", "0/1"]
+    assert rows["load"][1] == "waiting" and rows["load"][-1] == "extract"
+    detail = json.loads(ok(cli(dsn, "workflow", "show", "nightly", "--json")))["steps_detail"]
+    assert [(s["step"], s["depends_on"]) for s in detail] == [
+        ("extract", []),
+        ("load", ["extract"]),
+    ]
+    # cancelling asks first; without an answer nothing changes
+    refused = cli(dsn, "workflow", "cancel", "nightly")
+    assert refused.exit_code == 1 and client.workflow_status("nightly").state == "running"
+    done = json.loads(ok(cli(dsn, "workflow", "cancel", "nightly", "--yes", "--json")))
+    assert (done["state"], done["cancelled"]) == ("cancelled", 2)
+    assert client.metrics("steps").queue_length == 0
+    line = one_line_error(cli(dsn, "workflow", "show", "no-such"))
+    assert "does not exist" in line
