@@ -32,7 +32,7 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
 def test_the_workflow_examples_run(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     monkeypatch.setenv("PGQUEUE_DSN", dsn)
     blocks = re.findall(r"```python\n(.*?)```", WORKFLOWS.read_text(), re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "docs/workflows.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
@@ -41,4 +41,11 @@ def test_the_workflow_examples_run(dsn: str, monkeypatch: pytest.MonkeyPatch, ca
         "failed {'failed': 1, 'pending': 1, 'cancelled': 3}",
         "0",
         "succeeded 3",
+        "['extract']",
+        "['clean', 'index']",
+        "{'rows': 100}",
+        "['publish']",
+        "['tidy']",
+        "failed 4 1",
+        "failed failed",
     ]
