@@ -264,3 +264,29 @@ def test_a_step_whose_dependencies_end_at_once_on_many_connections_is_enqueued_o
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_10000_member_fan_out_then_a_join_then_another_fan_out(
+    client: Client, queues: None
+) -> None:
+    wid = client.start_workflow(
+        "wide",
+        [
+            Step("split", "fan", messages=list(range(10_000))),
+            Step("join", "steps", "join", depends_on=("split",)),
+            Step("again", "fan", messages=list(range(100)), depends_on=("join",)),
+        ],
+    )
+    done = 0
+    while parts := client.read("fan", vt=60, qty=1000):
+        client.complete_members("fan", [m.msg_id for m in parts], results=[1] * len(parts))
+        done += len(parts)
+    assert done == 10_000
+    assert states(client, wid)["join"] == "enqueued"
+    assert [m.step for m in run_ready(client)] == ["join"]
+    again = client.read("fan", vt=60, qty=1000)
+    assert len(again) == 100 and {m.step for m in again} == {"again"}
+    client.complete_members("fan", [m.msg_id for m in again])
+    s = client.workflow_status(wid)
+    assert (s.state, s.succeeded) == ("succeeded", 3)
+    assert len(client.step_results(wid, "split")) == 10_000
