@@ -35,6 +35,8 @@ CREATE TABLE pgqueue.workflow (
     fingerprint bytea,
     -- cancel_workflow was called: it ends as cancelled
     cancel_requested boolean NOT NULL DEFAULT false,
+    -- the start call's token: a retry of that call finds its run, even finished
+    start_token uuid,
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at timestamptz,
     callback_msg_id bigint,
@@ -586,16 +588,20 @@ $$;
 -- Starts a workflow: its steps (see _add_steps), its optional final callback,
 -- all in one transaction; its id. The id is unique while the workflow runs
 -- (single flight: "is a run of A pending?" is one lookup). The same request
--- again (a retry) returns the id; any other for a running id raises PGQ04.
--- A finished workflow's id may start again: its old rows go. With
--- sealed => false, steps may be grafted on with add_steps until seal_workflow.
+-- again returns the id while it runs; any other for a running id raises
+-- PGQ04. A call with a start_token (the client makes one per call) that
+-- finds its own run returns the id, even once that run finished: a retry
+-- after a lost reply never starts a second run. Otherwise a finished
+-- workflow's id may start again, its old rows gone. With sealed => false,
+-- steps may be grafted on with add_steps until seal_workflow.
 CREATE FUNCTION pgqueue.start_workflow(
     workflow_id text,
     steps jsonb,
     callback_queue text DEFAULT NULL,
     callback_message jsonb DEFAULT '{}',
     headers jsonb DEFAULT NULL,
-    sealed boolean DEFAULT true
+    sealed boolean DEFAULT true,
+    start_token uuid DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -619,14 +625,18 @@ BEGIN
                                                    start_workflow.sealed)::text, 'UTF8'));
     FOR attempt IN 1..3 LOOP
         INSERT INTO pgqueue.workflow (workflow_id, sealed, callback_queue_id, callback_message, headers,
-                                      fingerprint)
+                                      fingerprint, start_token)
         VALUES (start_workflow.workflow_id, start_workflow.sealed, cq.queue_id,
-                coalesce(start_workflow.callback_message, '{}'), start_workflow.headers, v_print)
+                coalesce(start_workflow.callback_message, '{}'), start_workflow.headers, v_print,
+                start_workflow.start_token)
         ON CONFLICT (workflow_id) DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
         SELECT * INTO w FROM pgqueue.workflow x WHERE x.workflow_id = start_workflow.workflow_id FOR UPDATE;
         CONTINUE WHEN NOT FOUND;  -- finished and restarted by another session meanwhile: look again
+        IF w.start_token = start_workflow.start_token THEN
+            RETURN w.workflow_id;  -- this very call, retried: its run, running or not
+        END IF;
         IF w.state = 'running' THEN
             IF w.fingerprint = v_print THEN
                 RETURN w.workflow_id;  -- this very request, retried
@@ -835,7 +845,7 @@ END
 $$;
 
 INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
-    ('pgqueue.start_workflow(text,jsonb,text,jsonb,jsonb,boolean)', '{pgqueue_producer,pgqueue_consumer}'),
+    ('pgqueue.start_workflow(text,jsonb,text,jsonb,jsonb,boolean,uuid)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.add_steps(text,jsonb)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.seal_workflow(text)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.workflow_status(text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),

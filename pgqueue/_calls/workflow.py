@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +75,7 @@ def start_workflow(
     """Start a workflow with its steps in one transaction; its id."""
     return Call(
         "start_workflow",
-        "SELECT pgqueue.start_workflow(%s, %s::jsonb, %s, %s::jsonb, %s::jsonb, %s)",
+        "SELECT pgqueue.start_workflow(%s, %s::jsonb, %s, %s::jsonb, %s::jsonb, %s, %s)",
         (
             workflow_id,
             encode_json([step_json(s) for s in ordered(steps)], "steps"),
@@ -82,6 +83,7 @@ def start_workflow(
             encode_json({} if callback_message is None else callback_message, "callback_message"),
             None if headers is None else encode_json(headers, "headers"),
             sealed,
+            uuid.uuid4(),  # one per call: its retries find its run, even finished
         ),
         scalar,
     )

@@ -31,7 +31,7 @@ INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.open_barrier(text,text,jsonb,text,jsonb,integer,text,integer,double precision,jsonb[],text,text)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.add_members(text,jsonb[],uuid)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.seal(text)', '{pgqueue_producer,pgqueue_consumer}'),
-    ('pgqueue.start_workflow(text,jsonb,text,jsonb,jsonb,boolean)', '{pgqueue_producer,pgqueue_consumer}'),
+    ('pgqueue.start_workflow(text,jsonb,text,jsonb,jsonb,boolean,uuid)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.add_steps(text,jsonb)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.seal_workflow(text)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.workflow_status(text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),

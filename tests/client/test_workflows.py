@@ -18,6 +18,7 @@ from pgqueue import (
     WorkflowConflict,
     WorkflowNotFound,
 )
+from pgqueue._calls import workflow as _workflow
 
 
 @pytest.fixture
@@ -159,6 +160,18 @@ def test_a_workflow_id_is_single_flight_while_it_runs(client: Client, queues: No
     assert client.workflow_status("root-A").state == "succeeded"
     client.start_workflow("root-A", [Step("b", "steps", 2)])  # finished: may run again
     assert states(client, "root-A") == {"b": "enqueued"}
+
+
+def test_a_start_retried_after_its_run_finished_does_not_start_it_again(
+    client: Client, queues: None
+) -> None:
+    call = _workflow.start_workflow("once", [Step("a", "steps", 1)])
+    assert client.run(call) == "once"
+    run_ready(client)
+    assert client.workflow_status("once").state == "succeeded"
+    assert client.run(call) == "once"  # the same call (a lost reply, retried): no second run
+    assert client.metrics("steps").queue_length == 0
+    assert client.workflow_status("once").state == "succeeded"
 
 
 def test_steps_grafted_while_it_runs_then_sealed(client: Client, queues: None, sql: Any) -> None:

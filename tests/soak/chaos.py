@@ -52,8 +52,9 @@ from soak_app import CALLBACKS, JOBS, WORK  # noqa: E402
 from support.db import LOCAL_DSN, drop_database, with_dbname  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 
-from pgqueue import Client, PgQueueError, RetryPolicy  # noqa: E402
+from pgqueue import Client, PgQueueError, RetryPolicy, Step  # noqa: E402
 from pgqueue._calls import barrier as _barrier  # noqa: E402
+from pgqueue._calls import workflow as _workflow  # noqa: E402
 from pgqueue._log import configure_logging  # noqa: E402
 from pgqueue._migrate import migrate  # noqa: E402
 
@@ -78,6 +79,7 @@ CREATE TRIGGER soak_audit AFTER INSERT OR DELETE ON pgqueue.message
     FOR EACH ROW EXECUTE FUNCTION soak_audit_row();
 CREATE TABLE soak_callback (
     barrier_id text NOT NULL, msg_id bigint NOT NULL, total int, succeeded int, failed int);
+CREATE TABLE soak_workflow_callback (workflow_id text NOT NULL, msg_id bigint NOT NULL, state text);
 """
 
 
@@ -166,6 +168,7 @@ def login_roles(dsn: str, enabled: bool) -> tuple[str, str]:
                 conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE pgqueue_{group}")
         # The callback handler's own effect, written in its transaction with the ack.
         conn.execute("GRANT INSERT ON soak_callback TO soak_consumer")
+        conn.execute("GRANT INSERT ON soak_workflow_callback TO soak_consumer")
     return with_dbname(dsn, _dbname(dsn), user="soak_producer"), with_dbname(
         dsn, _dbname(dsn), user="soak_consumer"
     )
@@ -324,6 +327,7 @@ class Ledger:
 
     singles: dict[str, int] = field(default_factory=dict)
     barriers: dict[str, int] = field(default_factory=dict)
+    workflows: list[str] = field(default_factory=list)
     open_barriers: int = 0  # of them, armed open and grown by add_members before a seal
     retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -385,6 +389,40 @@ class Producer(threading.Thread):
         except BaseException as exc:  # reported by the runner: a producer must not die
             self.error = exc
 
+    def _workflow(self, client: Client, wid: str) -> None:
+        """A workflow: a, then a fan-out b and c, then d after both, then a cleanup e.
+
+        Its members are designed like any message (some fail for good), and b
+        fails under a random policy, so dependents are cancelled or run anyway.
+        The start is one call retried as is (its token with it): a retry after
+        a lost reply never starts a second run.
+        """
+        policy = self.rng.choice(POLICIES)
+        call = _workflow.start_workflow(
+            wid,
+            [
+                Step("a", WORK, design(self.rng, self.cfg)),
+                Step(
+                    "b",
+                    WORK,
+                    messages=[design(self.rng, self.cfg) for _ in range(self.rng.randint(1, 30))],
+                    depends_on=("a",),
+                    **policy,
+                ),
+                Step("c", WORK, design(self.rng, self.cfg), depends_on=("a",)),
+                Step("d", WORK, design(self.rng, self.cfg), depends_on=("b", "c")),
+                Step(
+                    "e",
+                    WORK,
+                    design(self.rng, self.cfg),
+                    depends_on=("d",),
+                    on_dependency_failure="run",
+                ),
+            ],
+            CALLBACKS,
+        )
+        self._until_confirmed(partial(client.run, call))
+
     def _open_barrier(
         self,
         client: Client,
@@ -426,7 +464,13 @@ class Producer(threading.Thread):
             n = 0
             while not self.stopping.is_set():
                 n += 1
-                if self.rng.random() < 0.98:
+                if self.rng.random() < 0.01:
+                    wid = f"p{self.idx}-w{n}"
+                    self._workflow(client, wid)
+                    with self.ledger.lock:
+                        self.ledger.workflows.append(wid)
+                    self.sent += 5
+                elif self.rng.random() < 0.98:
                     key = f"p{self.idx}-s{n}"
                     payload = {**design(self.rng, self.cfg), "single": key}
                     msg_id = self._until_confirmed(
@@ -606,6 +650,35 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             )
         }
         effects = Counter(r[0] for r in conn.execute("SELECT barrier_id FROM soak_callback"))
+        step_barriers = {
+            r[0]
+            for r in conn.execute(
+                "SELECT barrier_id FROM pgqueue.barrier WHERE workflow_id IS NOT NULL"
+            )
+        }
+        flows = dict(conn.execute("SELECT workflow_id, state FROM pgqueue.workflow").fetchall())
+        steps = {
+            (r[0], r[1]): r[2:]
+            for r in conn.execute(
+                "SELECT s.workflow_id, s.step, s.state, s.on_dependency_failure, s.barrier_id,"
+                " extract(epoch FROM s.finished_at), b.outcome"
+                " FROM pgqueue.workflow_step s LEFT JOIN pgqueue.barrier b USING (barrier_id)"
+            )
+        }
+        deps: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for wid, step, dep in conn.execute(
+            "SELECT workflow_id, step, depends_on FROM pgqueue.workflow_dep"
+        ):
+            deps[(wid, step)].append(dep)
+        sends = Counter(
+            (r[0], r[1])
+            for r in conn.execute(
+                "SELECT workflow_id, step FROM pgqueue.barrier WHERE workflow_id IS NOT NULL"
+            )
+        )
+        flow_effects = Counter(
+            r[0] for r in conn.execute("SELECT workflow_id FROM soak_workflow_callback")
+        )
     log = read_log(logdir)
 
     singles = [k for k, (m, _) in inserted.items() if isinstance(m, dict) and "single" in m]
@@ -645,8 +718,15 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     stranded = [b for b, row in barriers.items() if row[3] != "fired"]
     twice = [b for b in barriers if callbacks_of.get(b, 0) > 1 or effects[b] > 1]
     missing = [
-        b for b in barriers if row_fired(barriers[b]) and (b not in callbacks_of or effects[b] == 0)
+        b
+        for b in barriers
+        if b not in step_barriers
+        and row_fired(barriers[b])
+        and (b not in callbacks_of or effects[b] == 0)
     ]
+    flow_problems = check_workflows(
+        flows, steps, deps, sends, flow_effects, inserted, members, log, ledger
+    )
     wrong = []
     for bid, row in barriers.items():
         total, succeeded, failed, _state, n_cancelled, remaining, policy, outcome, limit = row
@@ -711,6 +791,11 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
             ),
             "members cancelled (none started after)": len(cancelled),
             "open barriers grown, then sealed": ledger.open_barriers if ledger else "-",
+            "workflows (steps)": f"{len(flows)} ({len(steps)})",
+            "workflow steps succeeded / failed / cancelled": " / ".join(
+                str(sum(v[0] == st for v in steps.values()))
+                for st in ("succeeded", "failed", "cancelled")
+            ),
             "designed to fail, then succeed": len(designed("fail")),
             "designed to fail always": len(designed("perm")),
             "slower than their vt": len(slow),
@@ -747,6 +832,8 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     rep.fail("fired barriers without their callback", len(missing), missing)
     rep.fail("barriers with wrong counts", len(wrong), wrong)
     rep.fail("members without an outcome", len(bad_members), bad_members)
+    for what, found in flow_problems.items():
+        rep.fail(what, len(found), found)
     rep.fail(
         "cancelled members that started after their cancellation", len(ran_cancelled), ran_cancelled
     )
@@ -754,6 +841,74 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
     if bound is not None and duplicates > bound:
         rep.failures.append(f"duplicate executions {duplicates} exceed their bound {bound}")
     return rep
+
+
+def check_workflows(
+    flows: dict[str, str],
+    steps: dict[tuple[str, str], tuple[Any, ...]],
+    deps: dict[tuple[str, str], list[str]],
+    sends: Counter[tuple[str, str]],
+    effects: Counter[str],
+    inserted: dict[tuple[str, int], tuple[Any, dict[str, Any]]],
+    members: dict[str, list[tuple[int, str | None]]],
+    log: dict[tuple[str, int], list[dict[str, Any]]],
+    ledger: Ledger | None,
+) -> dict[str, list[Any]]:
+    """Every workflow's books: finished, each step sent once (or never, cancelled) after
+    its dependencies ended, its state what its dependencies and its members made it, and
+    one final callback carrying the workflow's state."""
+    finals: dict[str, list[str]] = defaultdict(list)
+    for _message, headers in inserted.values():
+        if headers.get("_pg_transport") and headers.get("workflow_id"):
+            finals[headers["workflow_id"]].append(headers.get("state"))
+    found: dict[str, list[Any]] = {
+        "workflows not finished": [w for w, st in flows.items() if st == "running"],
+        "workflows without exactly one final callback (and one effect)": [
+            w
+            for w, st in flows.items()
+            if finals.get(w) != [st] or (st != "running" and effects[w] != 1)
+        ],
+        "workflows the producers confirmed but the database lacks": [
+            w for w in (ledger.workflows if ledger else []) if w not in flows
+        ],
+        "workflow steps sent twice, or sent when cancelled": [],
+        "workflow steps whose state their dependencies or members contradict": [],
+        "workflow steps started before a dependency ended": [],
+        "workflows whose state their steps contradict": [],
+    }
+    by_flow: dict[str, list[str]] = defaultdict(list)
+    for (wid, step), (state, on_failure, bid, _ended, outcome) in steps.items():
+        by_flow[wid].append(state)
+        expected_sends = 0 if state == "cancelled" else 1
+        if sends[(wid, step)] != expected_sends:
+            found["workflow steps sent twice, or sent when cancelled"].append((wid, step))
+        dep_states = [steps[(wid, d)][0] for d in deps[(wid, step)]]
+        failed_dep = any(d != "succeeded" for d in dep_states)
+        should_cancel = failed_dep and on_failure == "cancel"
+        consistent = (state == "cancelled") == should_cancel
+        if state in ("succeeded", "failed"):
+            consistent = consistent and (state == "succeeded") == (outcome == "succeeded")
+        if not consistent:
+            found["workflow steps whose state their dependencies or members contradict"].append(
+                (wid, step, state)
+            )
+        if bid is not None and deps[(wid, step)]:
+            dep_ended = max(float(steps[(wid, d)][3] or 0) for d in deps[(wid, step)])
+            starts = [
+                e["t"]
+                for mid, _ in members.get(bid, [])
+                for e in log.get(("soak_work", mid), [])
+                if e["e"] == "start"
+            ]
+            if starts and min(starts) < dep_ended:
+                found["workflow steps started before a dependency ended"].append((wid, step))
+    for wid, st in flows.items():
+        if st == "running":
+            continue
+        ok = all(s == "succeeded" for s in by_flow[wid])
+        if st != ("succeeded" if ok else "failed"):
+            found["workflows whose state their steps contradict"].append((wid, st))
+    return found
 
 
 def row_fired(row: tuple[Any, ...]) -> bool:
@@ -765,13 +920,14 @@ def row_fired(row: tuple[Any, ...]) -> bool:
 
 
 def wait_drained(dsn: str, timeout: float) -> float:
-    """Seconds until no message is live and no barrier open; raises past timeout."""
+    """Seconds until no message is live, no barrier open and no workflow running; nan past it."""
     started = time.monotonic()
     while True:
         live, open_ = patiently(
             lambda c: c.execute(
                 "SELECT (SELECT count(*) FROM pgqueue.message),"
                 " (SELECT count(*) FROM pgqueue.barrier WHERE state = 'open')"
+                " + (SELECT count(*) FROM pgqueue.workflow WHERE state = 'running')"
             ).fetchone(),
             dsn,
         )

@@ -10,7 +10,8 @@ designed outcome from one the faults caused:
   ``"poison"`` raises `Poison` at once.
 
 Callbacks run transactionally: a guard makes their effect (a row in
-``soak_callback``, and for nested ones a child fan-out) commit once with the ack.
+``soak_callback``, and for nested ones a child fan-out; for a workflow's final
+callback a row in ``soak_workflow_callback``) commit once with the ack.
 
 Every execution appends a line to ``$SOAK_LOG_DIR/handlers-<pid>.jsonl``, a
 log of its own outside the database: ``start``, then ``done`` or ``fail``,
@@ -85,6 +86,15 @@ def callback(msg: Message, conn: psycopg.Connection[Any]) -> None:
     log(msg, "start")
     h = msg.headers or {}
     p: dict[str, Any] = msg.message if isinstance(msg.message, dict) else {}
+    if msg.workflow_id is not None:  # a workflow's final callback
+        if guard(conn, f"soak-workflow:{msg.workflow_id}"):
+            conn.execute(
+                "INSERT INTO soak_workflow_callback (workflow_id, msg_id, state)"
+                " VALUES (%s, %s, %s)",
+                (msg.workflow_id, msg.msg_id, h.get("state")),
+            )
+        log(msg, "done")
+        return
     if guard(conn, f"soak-callback:{msg.barrier_id}"):
         conn.execute(
             "INSERT INTO soak_callback (barrier_id, msg_id, total, succeeded, failed)"
