@@ -26,6 +26,15 @@ def test_fan_out_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys:
     assert "{'album': 7}" in out and "'succeeded': 10" in out and "'_pg_transport': True" in out
 
 
+def test_workflow_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    exec(compile(python_block_after("### Workflows"), "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "test {'run': 'pytest'}"
+    assert sorted(out[1:4]) == [f"wheels {{'py': '{v}'}}" for v in ("3.11", "3.12", "3.13")]
+    assert out[4:] == ["publish {'run': 'twine'}", "succeeded"]
+
+
 WORKFLOWS = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
 
 
