@@ -32,6 +32,7 @@ from pgqueue import (
     InvalidArgument,
     MigrationError,
     Poison,
+    Step,
     Worker,
     WorkerSettings,
 )
@@ -1002,3 +1003,29 @@ def test_a_consumer_session_setting_does_not_change_how_members_count(
     s = client.barrier_status(bid)
     assert (s.state, s.succeeded, s.failed) == ("fired", 4, 0)
     assert len(client.read("done", vt=30, qty=10)) == 1
+
+
+def test_a_producer_starts_and_watches_workflows_but_cannot_cancel_or_forge_them(
+    client: Client, producer: Client, dsn: str
+) -> None:
+    client.create_queue("steps")
+    client.create_queue("done")
+    wid = producer.start_workflow(
+        "root-A", [Step("a", "steps", 1), Step("b", "steps", 2, depends_on=("a",))]
+    )
+    assert producer.workflow_status(wid).state == "running"  # "is a run of A pending?"
+    forged = {"_pg_transport": True, "workflow_id": wid, "state": "succeeded"}
+    with pytest.raises(InvalidArgument, match="reserved"):
+        producer.start_workflow("x", [Step("a", "steps", 1, headers=forged)])
+    with pytest.raises(PermissionDenied):
+        producer.cancel_workflow(wid)
+    with pytest.raises(PermissionDenied):
+        producer.step_results(wid, "a")
+    # the keys a step's messages carry are the workflow's, whatever the step's headers say
+    [msg] = client.read("steps", vt=30, qty=1)
+    assert (msg.workflow_id, msg.step) == (wid, "a")
+    spoof = producer.start_workflow(
+        "spoof", [Step("a", "steps", 1, headers={"workflow_id": "root-A", "step": "b"})]
+    )
+    [other] = [m for m in client.read("steps", vt=30, qty=5) if m.msg_id != msg.msg_id]
+    assert (other.workflow_id, other.step) == (spoof, "a")
