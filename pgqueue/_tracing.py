@@ -198,7 +198,6 @@ class Tracing:
             member = self._parse(traceparent)
             if member is not None:
                 span_links.append(Link(member, attrs))
-        span_links = span_links[: max(self.links, 1) + len(msgs)]
         with self._span(
             f"process {msg.queue}",
             self._trace.SpanKind.CONSUMER,
