@@ -17,6 +17,7 @@ from pgqueue._api.leases import AsyncLeaseApi
 from pgqueue._api.poison import AsyncPoisonApi
 from pgqueue._api.queue import AsyncQueueApi
 from pgqueue._api.single_flight import AsyncSingleFlightApi
+from pgqueue._api.workers import AsyncWorkersApi
 from pgqueue._api.workflow import AsyncWorkflowApi
 from pgqueue._calls import Call
 from pgqueue._connection import (
@@ -39,6 +40,7 @@ class AsyncClient(
     AsyncBarrierApi,
     AsyncSingleFlightApi,
     AsyncWorkflowApi,
+    AsyncWorkersApi,
 ):
     """An asyncio pgqueue client over an async pool; every call retries dead connections."""
 

@@ -16,6 +16,7 @@ from pgqueue._api.leases import LeaseApi
 from pgqueue._api.poison import PoisonApi
 from pgqueue._api.queue import QueueApi
 from pgqueue._api.single_flight import SingleFlightApi
+from pgqueue._api.workers import WorkersApi
 from pgqueue._api.workflow import WorkflowApi
 from pgqueue._calls import Call
 from pgqueue._connection import (
@@ -31,7 +32,7 @@ from pgqueue._settings import UNSET, Unset
 T = TypeVar("T")
 
 
-class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi, WorkflowApi):
+class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi, WorkflowApi, WorkersApi):
     """A thread-safe pgqueue client over a connection pool; every call retries dead connections."""
 
     def __init__(

@@ -74,6 +74,8 @@ def raise_translated(
 # The NOTICE a read raises for each message it poison-dropped: the rows a read
 # returns are only the ones it delivered.
 SQLSTATE_POISONED_NOTICE = "PGQ10"
+# The NOTICE a read of a paused queue raises: it returned nothing for that reason.
+SQLSTATE_PAUSED_NOTICE = "PGQ11"
 
 
 @dataclass(eq=False)
@@ -88,6 +90,8 @@ class Observers:
     read_poisoned: list[Callable[[str], None]] = field(default_factory=list)
     # the call's name, once per retry on a fresh connection
     retried: list[Callable[[str], None]] = field(default_factory=list)
+    # the queue, once per read that found it paused (reported by NOTICE)
+    read_paused: list[Callable[[str], None]] = field(default_factory=list)
 
     def retry(self, what: str) -> None:
         """Tell every retry observer."""
@@ -118,10 +122,33 @@ def log_notice(diag: psycopg.errors.Diagnostic) -> str | None:
     return queue if isinstance(queue, str) else None
 
 
+def paused_notice(diag: psycopg.errors.Diagnostic) -> str | None:
+    """The queue a read found paused, when this is that NOTICE (else None); logged at DEBUG.
+
+    Not above DEBUG: a worker reads its paused queues again every poll interval.
+    """
+    if diag.sqlstate != SQLSTATE_PAUSED_NOTICE:
+        return None
+    try:
+        what = json.loads(diag.message_detail or "")
+    except ValueError:
+        return None
+    queue = what.get("queue") if isinstance(what, dict) else None
+    if not isinstance(queue, str):
+        return None
+    log.debug("read.paused", queue=queue, paused_by=what.get("paused_by"))
+    return queue
+
+
 def notice_handler(observers: Observers) -> Callable[[psycopg.errors.Diagnostic], None]:
-    """What every pooled connection of a client gets: notices logged, poison drops observed."""
+    """What every pooled connection gets: notices logged, poison drops and pauses observed."""
 
     def handle(diag: psycopg.errors.Diagnostic) -> None:
+        paused = paused_notice(diag)
+        if paused is not None:
+            for callback in observers.read_paused:
+                callback(paused)
+            return
         queue = log_notice(diag)
         if queue is not None:
             for callback in observers.read_poisoned:

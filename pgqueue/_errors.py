@@ -26,6 +26,7 @@ SQLSTATES: dict[str, str] = {
     "PGQ04": "a workflow id is running another request, a step name is taken, or it is sealed",
     "PGQ05": "the named workflow (or step) does not exist",
     "PGQ10": "(a NOTICE, not an error) a read poison-dropped this message",
+    "PGQ11": "(a NOTICE, not an error) a read found its queue paused and returned nothing",
     "22004": "a required argument is NULL",
     "22023": "an argument is out of range or malformed (a negative vt, a bad queue name, ...)",
     "55000": "a dedupe key could not be settled: it is being sent and acked continuously",

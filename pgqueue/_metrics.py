@@ -159,7 +159,7 @@ def _rows(rows: list[Row]) -> list[Row]:
 EXPORTER_METRICS: Call[list[Row]] = Call(
     "exporter_metrics",
     "SELECT queue_name, visible, leased, delayed, oldest_visible_age_seconds, poison,"
-    " barriers_open, barrier_oldest_open_age_seconds, sent_total"
+    " barriers_open, barrier_oldest_open_age_seconds, sent_total, paused"
     " FROM pgqueue.exporter_metrics()",
     (),
     _rows,
@@ -230,7 +230,12 @@ def _queue_families(rows: list[Row]) -> Iterator[Any]:
         "Message ids handed out by the queue's sequence (sends; a rolled-back send counts too).",
         labels=["queue"],
     )
-    for name, visible, leased, delayed, age, dead, n_open, open_age, sent_total in rows:
+    paused = GaugeMetricFamily(
+        "pgqueue_queue_paused",
+        "1 while the queue is paused (reads hand out nothing), else 0.",
+        labels=["queue"],
+    )
+    for name, visible, leased, delayed, age, dead, n_open, open_age, sent_total, is_paused in rows:
         for state, n in (("visible", visible), ("leased", leased), ("delayed", delayed)):
             messages.add_metric([name, state], n)
         oldest.add_metric([name], age or 0.0)
@@ -238,7 +243,8 @@ def _queue_families(rows: list[Row]) -> Iterator[Any]:
         barriers.add_metric([name], n_open)
         barrier_age.add_metric([name], open_age or 0.0)
         sent.add_metric([name], sent_total)
-    yield from (messages, oldest, poison, barriers, barrier_age, sent)
+        paused.add_metric([name], 1 if is_paused else 0)
+    yield from (messages, oldest, poison, barriers, barrier_age, sent, paused)
 
 
 def exporter_registry(run: Callable[[Call[list[Row]]], list[Row]]) -> CollectorRegistry:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 JSON = Any
 """A JSON value as Python holds it: dict, list, str, int, float, bool or None."""
@@ -99,11 +100,18 @@ class PeekedMessage:
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
-    """A queue and its settings."""
+    """A queue and its settings; paused_at is set while it is paused (reads get nothing)."""
 
     queue_name: str
     max_attempts: int
     created_at: datetime
+    paused_at: datetime | None = None
+    paused_by: str | None = None  # who paused it, when the pause said
+
+    @property
+    def paused(self) -> bool:
+        """The queue is paused: reads hand out nothing until it is resumed."""
+        return self.paused_at is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,3 +272,35 @@ class ClaimRecord:
 
 
 ANY_POISON = PoisonFilter()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as its last heartbeat registered it; alive when that was at most 15 s ago."""
+
+    worker_id: UUID
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    started_at: datetime
+    last_seen_at: datetime  # the database's clock
+    stopping: bool  # it is shutting down, finishing what it holds
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMinute:
+    """What happened to a queue in one minute (the current one: so far).
+
+    sent is None where a sample of the queue's sequence is missing; acked,
+    nacked and poisoned count what pgqueue workers reported (0 without a report).
+    """
+
+    queue_name: str
+    minute: datetime
+    sent: int | None
+    acked: int
+    nacked: int
+    poisoned: int

@@ -36,6 +36,18 @@ class QueueApi(SyncRunner):
         """Every queue."""
         return self.run(_queue.list_queues())
 
+    def pause_queue(self, queue: str, *, actor: str | None = None) -> bool:
+        """Pause the queue: reads hand out nothing until resumed; False if it was paused already.
+
+        Sends, acks, nacks, lease changes and barrier completions go on as
+        ever; `actor` (who paused it) is kept as its paused_by.
+        """
+        return self.run(_queue.pause_queue(queue, actor))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Resume the queue, waking the consumers that wait on it; False if it was not paused."""
+        return self.run(_queue.resume_queue(queue))
+
     def purge_queue(self, queue: str) -> int:
         """Delete all live messages of the queue; how many."""
         return self.run(_queue.purge_queue(queue))
@@ -140,6 +152,14 @@ class AsyncQueueApi(AsyncRunner):
     async def list_queues(self) -> list[QueueInfo]:
         """Every queue."""
         return await self.run(_queue.list_queues())
+
+    async def pause_queue(self, queue: str, *, actor: str | None = None) -> bool:
+        """Pause the queue: reads hand out nothing until resumed; False if it was paused already."""
+        return await self.run(_queue.pause_queue(queue, actor))
+
+    async def resume_queue(self, queue: str) -> bool:
+        """Resume the queue, waking the consumers that wait on it; False if it was not paused."""
+        return await self.run(_queue.resume_queue(queue))
 
     async def purge_queue(self, queue: str) -> int:
         """Delete all live messages of the queue; how many."""

@@ -63,10 +63,21 @@ def list_queues() -> Call[list[QueueInfo]]:
     """Every queue, by name."""
     return Call(
         "list_queues",
-        "SELECT queue_name, max_attempts, created_at FROM pgqueue.list_queues()",
+        "SELECT queue_name, max_attempts, created_at, paused_at, paused_by"
+        " FROM pgqueue.list_queues()",
         (),
         lambda rows: [QueueInfo(*r) for r in rows],
     )
+
+
+def pause_queue(queue: str, actor: str | None = None) -> Call[bool]:
+    """Stop reads of the queue handing out messages; True if this call paused it."""
+    return Call("pause_queue", "SELECT pgqueue.pause_queue(%s, %s::text)", (queue, actor), scalar)
+
+
+def resume_queue(queue: str) -> Call[bool]:
+    """Let reads of the queue hand out messages again; True if this call resumed it."""
+    return Call("resume_queue", "SELECT pgqueue.resume_queue(%s)", (queue,), scalar)
 
 
 def purge_queue(queue: str) -> Call[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import math
 import sys
@@ -33,12 +34,19 @@ from pgqueue._cli._main import main
 from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue._client import Client
 from pgqueue._errors import InvalidMessage, sql_literal
-from pgqueue.types import KeyedSend, PeekedMessage, QueueMetrics
+from pgqueue.types import KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 # Rows per transaction for bulk work: short transactions, steady progress.
 CHUNK = 1000
 
-QUEUE_FIELDS = {"queue": "queue_name", "max_attempts": "max_attempts", "created_at": "created_at"}
+QUEUE_FIELDS = {
+    "queue": "queue_name",
+    "max_attempts": "max_attempts",
+    "created_at": "created_at",
+    "paused": "paused",
+    "paused_at": "paused_at",
+    "paused_by": "paused_by",
+}
 METRICS_FIELDS = {
     "queue": "queue_name",
     "queue_length": "queue_length",
@@ -64,7 +72,7 @@ PEEK_FIELDS = {
 
 @main.group()
 def queue() -> None:
-    """Create, list, purge and drop queues."""
+    """Create, list, pause, resume, purge and drop queues."""
 
 
 @queue.command("create")
@@ -95,7 +103,7 @@ def queue_create(
 @json_option
 @connection_options
 def queue_list(as_json: bool, dsn: str | None, connect_timeout: float) -> None:
-    """List every queue with its max-attempts."""
+    """List every queue with its max-attempts, and since when (and by whom) it is paused."""
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         now = server_now(client)
         queues = client.list_queues()
@@ -103,10 +111,84 @@ def queue_list(as_json: bool, dsn: str | None, connect_timeout: float) -> None:
         emit_json([shape(q, QUEUE_FIELDS) for q in queues])
         return
     echo_table(
-        [Column("QUEUE"), Column("MAX_ATTEMPTS", right=True), Column("CREATED")],
-        [(q.queue_name, q.max_attempts, ago(q.created_at, now)) for q in queues],
+        [Column("QUEUE"), Column("MAX_ATTEMPTS", right=True), Column("CREATED"), Column("PAUSED")],
+        [
+            (q.queue_name, q.max_attempts, ago(q.created_at, now), _paused_cell(q, now))
+            for q in queues
+        ],
         empty="no queues yet; create one with `pgqueue queue create NAME`",
     )
+
+
+def _paused_cell(q: QueueInfo, now: datetime) -> str:
+    """'-' for a running queue; '3m ago by alice' for a paused one."""
+    if q.paused_at is None:
+        return "-"
+    by = f" by {q.paused_by}" if q.paused_by else ""
+    return f"{ago(q.paused_at, now)}{by}"
+
+
+def _default_actor() -> str | None:
+    """Who pauses from this shell: the operating system's user name, if it has one."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+@queue.command("pause")
+@click.argument("name")
+@click.option(
+    "--actor",
+    default=None,
+    metavar="TEXT",
+    help="Who pauses it, kept as paused_by [default: your user name].",
+)
+@json_option
+@connection_options
+def queue_pause(
+    name: str, actor: str | None, as_json: bool, dsn: str | None, connect_timeout: float
+) -> None:
+    """Pause NAME: reads (workers') get nothing from it until `pgqueue queue resume NAME`.
+
+    Sends, acks, nacks and barrier completions go on; messages wait. Leases
+    already handed out and barrier deadlines keep running.
+    """
+    who = actor if actor is not None else _default_actor()
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        changed = client.pause_queue(name, actor=who)
+        info = None if changed else _queue_info(client, name)
+        now = server_now(client)
+    if as_json:
+        emit_json({"queue": name, "paused": True, "changed": changed})
+    elif changed:
+        click.echo(
+            f"paused queue {sql_literal(name)}: reads get nothing until"
+            f" `pgqueue queue resume {name}`"
+        )
+    else:
+        since = f" ({_paused_cell(info, now)})" if info is not None else ""
+        click.echo(f"queue {sql_literal(name)} was already paused{since}; nothing changed")
+
+
+@queue.command("resume")
+@click.argument("name")
+@json_option
+@connection_options
+def queue_resume(name: str, as_json: bool, dsn: str | None, connect_timeout: float) -> None:
+    """Resume NAME: reads get its messages again, and waiting workers are woken at once."""
+    with expected_errors(), open_client(dsn, connect_timeout) as client:
+        changed = client.resume_queue(name)
+    if as_json:
+        emit_json({"queue": name, "paused": False, "changed": changed})
+    elif changed:
+        click.echo(f"resumed queue {sql_literal(name)}: reads get its messages again")
+    else:
+        click.echo(f"queue {sql_literal(name)} was not paused; nothing changed")
+
+
+def _queue_info(client: Client, name: str) -> QueueInfo | None:
+    return next((q for q in client.list_queues() if q.queue_name == name), None)
 
 
 def _purge_live(client: Client, name: str, m: QueueMetrics, label: str) -> int:

@@ -73,6 +73,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue[prometheus].",
 )
 @click.option(
+    "--registry-interval",
+    type=float,
+    default=None,
+    help="Seconds between the worker's heartbeats to pgqueue.worker (`workers list`) [5; 0: off].",
+)
+@click.option(
     "--trace-links",
     type=int,
     default=None,

@@ -33,6 +33,7 @@ from pgqueue.types import Message
 if TYPE_CHECKING:
     from pgqueue._metrics import WorkerMetrics
     from pgqueue._tracing import Tracing
+    from pgqueue._worker.registry import Tally
 
 Done = tuple[Task, Any]  # a finished task and its handler's result
 
@@ -57,10 +58,15 @@ class Acker:
         interval: float = 0.01,
         metrics: WorkerMetrics | None = None,
         tracing: Tracing | None = None,
+        tally: Tally | None = None,
     ) -> None:
-        """An acker that waits `interval` for a batch to gather; start() starts its threads."""
+        """An acker that waits `interval` for a batch to gather; start() starts its threads.
+
+        Each message acked counts in `tally` (the registry's), when given.
+        """
         self.db = db
         self.metrics = metrics
+        self.tally = tally
         self.tracing = tracing
         self.inflight = inflight
         self.clock = clock
@@ -165,6 +171,8 @@ class Acker:
         self.handled += 1
         if self.metrics is not None:
             self.metrics.count(task.msg.queue, "acked")
+        if self.tally is not None:
+            self.tally.count(task.msg.queue, "acked")
         if self._debug:
             message_log(self.log, task.msg).debug(
                 "message.acked", seconds=round(self.clock.now() - task.started, 3)

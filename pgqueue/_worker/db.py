@@ -9,12 +9,14 @@ message; acks are not (docs/sql.md, "Leases: fenced, and acks not").
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from pgqueue._calls import barrier as _barrier
 from pgqueue._calls import queue as _queue
+from pgqueue._calls import workers as _workers
 from pgqueue._client import Client
 from pgqueue._connection import Connection
 from pgqueue.types import Message
@@ -106,6 +108,28 @@ class WorkerDb:
     def expire_barriers(self) -> int:
         """Fire the callbacks of overdue barriers."""
         return self.client.expire_barriers()
+
+    def heartbeat(
+        self,
+        worker_id: uuid.UUID,
+        host: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        in_flight: int,
+        stopping: bool,
+        tallies: _workers.Tallies,
+    ) -> dict[str, bool]:
+        """Upsert the worker's registry row, adding its tallies; its queues -> paused."""
+        return self.client.run(
+            _workers.worker_heartbeat(
+                worker_id, host, pid, queues, concurrency, in_flight, stopping, tallies
+            )
+        )
+
+    def deregister(self, worker_id: uuid.UUID) -> bool:
+        """Remove the worker's registry row; False if it had none."""
+        return self.client.run(_workers.worker_deregister(worker_id))
 
     def conninfo(self) -> str:
         """The connection string of the client, for a connection of the worker's own (LISTEN)."""

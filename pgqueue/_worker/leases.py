@@ -23,6 +23,7 @@ from pgqueue._worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from pgqueue._metrics import WorkerMetrics
+    from pgqueue._worker.registry import Tally
 
 # What a database call of the runtime may raise: pgqueue's own errors, and a
 # database error pgqueue does not translate (a deadlock still failing after its
@@ -41,10 +42,12 @@ class Leases:
         clock: Clock,
         log: Any,
         metrics: WorkerMetrics | None = None,
+        tally: Tally | None = None,
     ) -> None:
-        """The lease duty of one worker."""
+        """The lease duty of one worker; nacks and poisons count in `tally`, when given."""
         self.db = db
         self.metrics = metrics
+        self.tally = tally
         self.inflight = inflight
         self.settings = settings
         self.clock = clock
@@ -171,8 +174,12 @@ class Leases:
         except DB_ERRORS as nack_exc:
             mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
             return
-        if outcome in ("retry", "poisoned") and self.metrics is not None:
-            self.metrics.count(msg.queue, "nacked" if outcome == "retry" else "poisoned")
+        if outcome in ("retry", "poisoned"):
+            counted = "nacked" if outcome == "retry" else "poisoned"
+            if self.metrics is not None:
+                self.metrics.count(msg.queue, counted)
+            if self.tally is not None:
+                self.tally.count(msg.queue, counted)
         if outcome == "retry":
             mlog.warning("message.failed", error=error, retry_in=delay)
         elif outcome == "poisoned":
@@ -202,5 +209,7 @@ class Leases:
             message_log(self.log, msg).warning("message.poisoned", reason=reason, by="handler")
             if self.metrics is not None:
                 self.metrics.count(msg.queue, "poisoned")
+            if self.tally is not None:
+                self.tally.count(msg.queue, "poisoned")
         else:
             self.lost(task)

@@ -1,4 +1,8 @@
-"""The worker's wake-ups: LISTEN/NOTIFY on a connection of its own; polling when it cannot."""
+"""The worker's wake-ups: LISTEN/NOTIFY on a connection of its own; polling when it cannot.
+
+A send to a queue the worker knows is paused does not wake it (pauses.py);
+the resume of that queue does (its notification's payload is 'resumed').
+"""
 
 from __future__ import annotations
 
@@ -10,17 +14,28 @@ import psycopg
 
 from pgqueue._calls import queue as _queue
 from pgqueue._connection import Connection, execute
+from pgqueue._worker.pauses import Pauses
+
+# The payload of resume_queue's notification (a send's is empty).
+RESUMED = "resumed"
 
 
 class Listener:
     """Waits for a send to one of the queues, or for the poll interval, whichever comes first."""
 
     def __init__(
-        self, conninfo: str, queues: tuple[str, ...], stopping: threading.Event, log: Any
+        self,
+        conninfo: str,
+        queues: tuple[str, ...],
+        stopping: threading.Event,
+        log: Any,
+        pauses: Pauses | None = None,
     ) -> None:
         """Wake-ups for these queues over a connection to `conninfo` (opened when first idle)."""
         self.conninfo = conninfo
         self.queues = queues
+        self.pauses = pauses
+        self.channels = {_queue.channel(q): q for q in queues}
         self.stopping = stopping
         self.log = log
         self.conn: Connection | None = None
@@ -39,12 +54,23 @@ class Listener:
             # In slices, so a stop request is answered within a second.
             deadline = time.monotonic() + timeout
             while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
-                if list(self.conn.notifies(timeout=min(left, 1.0), stop_after=1)):
-                    return
+                for note in self.conn.notifies(timeout=min(left, 1.0), stop_after=1):
+                    if self._wakes(note.channel, note.payload):
+                        return
         except psycopg.Error as exc:
             self.log.warning("listen.failed", error=str(exc).strip(), fallback="polling")
             self.close()
             self.stopping.wait(timeout)
+
+    def _wakes(self, channel: str, payload: str) -> bool:
+        """Whether a notification is worth a read: not a send to a queue that is paused."""
+        queue = self.channels.get(channel)
+        if queue is None or self.pauses is None:
+            return True
+        if payload == RESUMED:
+            self.pauses.resumed(queue)
+            return True
+        return not self.pauses.paused(queue)
 
     def busy(self) -> None:
         """Stop waiting: sends to busy queues should not pay for a NOTIFY."""

@@ -15,6 +15,8 @@ threads. Slow handlers get a small prefetch (a worker whose handlers take a
 second holds no more than its concurrency waiting), so a worker does not hoard
 leases that another worker would start sooner, and a message waits locally
 about PREFETCH_SECONDS at most.
+
+A paused queue is read once a poll interval (pauses.py), not on every turn.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.dispatch import Dispatcher
 from pgqueue._worker.inflight import Batch, InFlight, Task
 from pgqueue._worker.leases import DB_ERRORS
+from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.settings import WorkerSettings
 
 # How many finished messages may wait for their acks before the worker stops
@@ -54,8 +57,10 @@ class Reader:
         stopping: threading.Event,
         clock: Clock,
         log: Any,
+        pauses: Pauses | None = None,
     ) -> None:
         """The reading duty of one worker; start() starts its extra reader threads."""
+        self.pauses = pauses or Pauses(settings.queues, settings.poll_interval, clock, log)
         self.app = app
         self.settings = settings
         self.db = db
@@ -109,6 +114,9 @@ class Reader:
             if self.stopping.is_set() or free <= 0:
                 break
             queue = s.queues[(self._turn + i) % len(s.queues)]
+            token = self.pauses.before_read(queue)
+            if token is None:
+                continue  # paused, and probed less than a poll interval ago
             # The lease runs from before the read: its end as the worker
             # knows it is never later than the server's vt.
             read_at = self.clock.now()
@@ -118,6 +126,7 @@ class Reader:
                 self.log.error("worker.read_failed", queue=queue, error=str(exc))
                 self.stopping.wait(s.poll_interval)
                 continue
+            self.pauses.after_read(queue, token)
             handler = self.app.handlers[queue]
             tasks = [Task(msg, handler, read_at, read_at + s.vt, read_at=read_at) for msg in msgs]
             batch = Batch(tasks) if handler.batch and tasks else None

@@ -2,8 +2,8 @@
 
 The duties each own their state (pgqueue/_worker/): the table of messages in
 flight, the reader, the dispatcher and its handler threads, the acker, the
-leases, the listener. The Worker builds them, starts their threads in run(),
-ticks them from its loop, and stops them in order.
+leases, the listener, the paused queues, the registry. The Worker builds them,
+starts their threads in run(), ticks them from its loop, and stops them in order.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from pgqueue._worker.dispatch import Dispatcher
 from pgqueue._worker.inflight import InFlight
 from pgqueue._worker.leases import DB_ERRORS, Leases
 from pgqueue._worker.listener import Listener
+from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.reader import Reader
+from pgqueue._worker.registry import Registry
 from pgqueue._worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -74,8 +76,17 @@ class Worker:
         if tracer_provider is None and client.tracing is not None:
             tracer_provider = client.tracing.provider
         self.tracing = t = _tracing.resolve(tracer_provider, s.trace_links)
-        self.leases = Leases(self.db, self.inflight, s, self.clock, self.log, m)
-        self.acker = Acker(self.db, self.inflight, self.clock, self.log, metrics=m, tracing=t)
+        self.pauses = Pauses(s.queues, s.poll_interval, self.clock, self.log)
+        self.registry = (
+            Registry(self.db, s, self.inflight, self.pauses, self.clock, self.log)
+            if s.registry_interval
+            else None
+        )
+        tally = self.registry.tally if self.registry is not None else None
+        self.leases = Leases(self.db, self.inflight, s, self.clock, self.log, m, tally)
+        self.acker = Acker(
+            self.db, self.inflight, self.clock, self.log, metrics=m, tracing=t, tally=tally
+        )
         self.dispatcher = Dispatcher(
             s.concurrency,
             self.db,
@@ -89,7 +100,15 @@ class Worker:
             t,
         )
         self.reader = Reader(
-            app, s, self.db, self.inflight, self.dispatcher, self._stopping, self.clock, self.log
+            app,
+            s,
+            self.db,
+            self.inflight,
+            self.dispatcher,
+            self._stopping,
+            self.clock,
+            self.log,
+            self.pauses,
         )
         self._last_sweep = -float("inf")
         self._last_duties = -float("inf")
@@ -120,16 +139,22 @@ class Worker:
             # Served from the start: a worker waiting for its database is
             # scraped as up 0, not missing.
             self.metrics.serve(s.metrics_port)
+        self._hear(True)  # from the first read on: which queues are paused
         try:
             self._check_queues()
         except BaseException:
+            self._hear(False)
             self._close_metrics()
             raise
         if self.metrics is not None:
             self.metrics.up.set(1)
         self.log.info("worker.started", queues=list(s.queues), concurrency=s.concurrency, vt=s.vt)
+        if self.registry is not None:
+            self.registry.heartbeat()
         listener = (
-            Listener(s.listen_dsn or self.db.conninfo(), s.queues, self._stopping, self.log)
+            Listener(
+                s.listen_dsn or self.db.conninfo(), s.queues, self._stopping, self.log, self.pauses
+            )
             if s.listen
             else None
         )
@@ -147,9 +172,9 @@ class Worker:
                     # busy: a slot or an ack frees soon (not the idle wait on LISTEN)
                     self._wait_for_a_slot(0.2)
                 elif listener:
-                    listener.idle(s.poll_interval)
+                    listener.idle(self._idle_wait())
                 else:
-                    self._stopping.wait(s.poll_interval)
+                    self._stopping.wait(self._idle_wait())
         finally:
             self._stopping.set()
             self.reader.join()  # a read in progress holds its tasks before shutdown looks
@@ -160,8 +185,29 @@ class Worker:
             try:
                 code = self._shutdown()
             finally:
+                self._hear(False)
                 self._close_metrics()
         return code
+
+    def _idle_wait(self) -> float:
+        """How long an idle worker waits: the poll interval, cut short by a registry heartbeat."""
+        if self.registry is None:
+            return self.settings.poll_interval
+        # Not below DUTY_INTERVAL: _tick runs the heartbeat no sooner, and a
+        # shorter wait would only turn the loop (and read) for nothing.
+        return min(self.settings.poll_interval, max(self.registry.due_in(), DUTY_INTERVAL))
+
+    def _hear(self, on: bool) -> None:
+        """Start (or stop) hearing from the client which reads met a paused queue or poisoned."""
+        observers = self.db.client.observers
+        hooks: list[tuple[list[Any], Any]] = [(observers.read_paused, self.pauses.read_paused)]
+        if self.registry is not None:
+            hooks.append((observers.read_poisoned, self.registry.tally.read_poisoned))
+        for subscribers, hook in hooks:
+            if on:
+                subscribers.append(hook)
+            elif hook in subscribers:
+                subscribers.remove(hook)
 
     def _close_metrics(self) -> None:
         """Stop serving /metrics and stop hearing the client's events."""
@@ -233,6 +279,8 @@ class Worker:
             # Not touched while every handler thread is stuck: probes see it age.
             Path(s.health_file).touch()
         self.leases.heartbeat()
+        if self.registry is not None:
+            self.registry.tick()
         if s.hard_timeout:
             self.leases.release_hung()
         if s.sweep_interval and now - self._last_sweep >= s.sweep_interval:
@@ -251,11 +299,15 @@ class Worker:
     def _shutdown(self) -> int:
         s = self.settings
         self.log.info("worker.stopping", in_flight=len(self.inflight), grace=s.shutdown_grace)
+        if self.registry is not None:
+            self.registry.stop()
         # Nothing starts once stopping (InFlight.begin): what waits locally goes back now.
         released = self.leases.give_back_waiting("the worker is stopping")
         deadline = self.clock.now() + (0 if self._forced.is_set() else s.shutdown_grace)
         while len(self.inflight) and self.clock.now() < deadline and not self._forced.is_set():
             self.leases.heartbeat()
+            if self.registry is not None:
+                self.registry.tick()
             self._wait_for_a_slot(min(0.2, max(deadline - self.clock.now(), 0)))
         released += self.leases.give_back_all("still running when the worker stopped")
         # what is left of the grace (a second at least) for the acks in flight
@@ -265,6 +317,8 @@ class Worker:
                 "worker.acks_unfinished", count=unacked, advice="they come back after their vt"
             )
         self.dispatcher.close()
+        if self.registry is not None:
+            self.registry.deregister()
         self.log.info("worker.stopped", handled=self.handled, released=released)
         return 130 if self._forced.is_set() else 0
 

@@ -42,6 +42,7 @@ class WorkerSettings:
     backoff_max: float = 300.0
     health_file: str = ""
     sweep_interval: float = 10.0
+    registry_interval: float = 5.0
     startup_timeout: float = 60.0
     metrics_port: int = 0
     trace_links: int = 127
@@ -77,6 +78,9 @@ class WorkerSettings:
         ):
             if getattr(self, name) < 0:
                 problems[name] = "must be >= 0"
+        if not 0 <= self.registry_interval <= 10:
+            # list_workers counts a worker alive for 15 s after its last heartbeat
+            problems["registry_interval"] = "must be between 0 (off) and 10 seconds"
         if not 0 <= self.metrics_port <= 65535:
             problems["metrics_port"] = "must be a TCP port, 1-65535 (0: metrics off)"
         if self.trace_links < 0:

@@ -64,7 +64,7 @@ CREATE TABLE pgqueue.barrier (
     CHECK ((state = 'open') = (fired_at IS NULL))
 ) WITH (fillfactor = 70);
 CREATE INDEX barrier_deadline_idx ON pgqueue.barrier (deadline) WHERE state = 'open';
-CREATE INDEX barrier_created_idx ON pgqueue.barrier (created_at);
+CREATE INDEX barrier_created_idx ON pgqueue.barrier (created_at, barrier_id);
 CREATE INDEX barrier_callback_queue_idx ON pgqueue.barrier (callback_queue_id) WHERE state = 'open';
 
 CREATE TABLE pgqueue.barrier_member (
@@ -936,3 +936,96 @@ CREATE TRIGGER message_members_gone
     AFTER DELETE ON pgqueue.message
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION pgqueue._members_gone();
+
+-- A barrier's members counted by outcome, 'pending' for those without one: a
+-- progress bar's segments. One scan of its primary key's prefix.
+CREATE FUNCTION pgqueue.barrier_outcomes(barrier_id text)
+RETURNS TABLE (outcome text, members bigint)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgqueue._barrier_or_raise(barrier_outcomes.barrier_id);
+    RETURN QUERY
+    SELECT coalesce(m.outcome, 'pending'), count(*)
+      FROM pgqueue.barrier_member m
+     WHERE m.barrier_id = barrier_outcomes.barrier_id
+     GROUP BY 1
+     ORDER BY 1;
+END
+$$;
+
+-- The members a barrier still waits on, by member index after after_index,
+-- with the live message each is (NULL columns when the message is gone but
+-- its completion is not yet counted): what a stuck fan-out waits for.
+CREATE FUNCTION pgqueue.barrier_pending(barrier_id text, qty integer DEFAULT 100,
+                                        after_index integer DEFAULT -1)
+RETURNS TABLE (
+    member_index integer,
+    queue_name text,
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    vt timestamptz,
+    last_error text
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgqueue._barrier_or_raise(barrier_pending.barrier_id);
+    PERFORM pgqueue._require_nonnegative('qty', barrier_pending.qty);
+    RETURN QUERY
+    SELECT b.member_index, q.queue_name, b.msg_id, m.read_ct, m.enqueued_at, m.vt, m.last_error
+      FROM pgqueue.barrier_member b
+      JOIN pgqueue.queue q ON q.queue_id = b.queue_id
+      LEFT JOIN pgqueue.message m ON m.queue_id = b.queue_id AND m.msg_id = b.msg_id
+     WHERE b.barrier_id = barrier_pending.barrier_id
+       AND b.member_index > coalesce(barrier_pending.after_index, -1)
+       AND b.outcome IS NULL
+     ORDER BY b.member_index
+     LIMIT barrier_pending.qty;
+END
+$$;
+
+-- Barriers newest first, by keyset: those created before (before_created_at,
+-- before_barrier_id) in (created_at, barrier_id) descending order; NULLs for
+-- the first page. Reads barrier_created_idx backwards.
+CREATE FUNCTION pgqueue.list_barriers(state text, qty integer, before_created_at timestamptz,
+                                      before_barrier_id text)
+RETURNS SETOF pgqueue.barrier_status
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF list_barriers.state IS NOT NULL AND list_barriers.state NOT IN ('open', 'fired', 'expired') THEN
+        RAISE EXCEPTION 'state must be open, fired or expired, got %', quote_literal(list_barriers.state)
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM pgqueue._require_nonnegative('qty', list_barriers.qty);
+    IF list_barriers.before_created_at IS NULL THEN
+        RETURN QUERY
+        SELECT s.*
+          FROM (SELECT b.barrier_id FROM pgqueue.barrier b
+                 WHERE list_barriers.state IS NULL OR b.state = list_barriers.state
+                 ORDER BY b.created_at DESC, b.barrier_id DESC
+                 LIMIT list_barriers.qty) ids,
+               LATERAL pgqueue._barrier_status(ids.barrier_id) s
+         ORDER BY s.created_at DESC, s.barrier_id DESC;
+    ELSE
+        RETURN QUERY
+        SELECT s.*
+          FROM (SELECT b.barrier_id FROM pgqueue.barrier b
+                 WHERE (b.created_at, b.barrier_id)
+                       < (list_barriers.before_created_at, coalesce(list_barriers.before_barrier_id, ''))
+                   AND (list_barriers.state IS NULL OR b.state = list_barriers.state)
+                 ORDER BY b.created_at DESC, b.barrier_id DESC
+                 LIMIT list_barriers.qty) ids,
+               LATERAL pgqueue._barrier_status(ids.barrier_id) s
+         ORDER BY s.created_at DESC, s.barrier_id DESC;
+    END IF;
+END
+$$;

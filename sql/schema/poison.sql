@@ -28,7 +28,10 @@ CREATE TABLE pgqueue.poison (
     dedupe_key text,
     PRIMARY KEY (queue_id, msg_id)
 );
-CREATE INDEX poison_poisoned_at_idx ON pgqueue.poison (poisoned_at);
+-- Keyset pages newest first (poison_page), across queues and within one; the
+-- first also serves the time filters and purge_poison's age cut.
+CREATE INDEX poison_page_idx ON pgqueue.poison (poisoned_at, queue_id, msg_id);
+CREATE INDEX poison_queue_page_idx ON pgqueue.poison (queue_id, poisoned_at, msg_id);
 
 CREATE FUNCTION pgqueue.poison(queue_name text, msg_id bigint, reason text) RETURNS boolean
 LANGUAGE plpgsql
@@ -288,5 +291,126 @@ BEGIN
 
     PERFORM pgqueue._notify(q);
     RETURN QUERY SELECT u.id FROM unnest(v_new) WITH ORDINALITY AS u (id, ord) ORDER BY u.ord;
+END
+$$;
+
+-- One page of poison messages for the dashboard, newest first, by keyset:
+-- rows strictly after the cursor (poisoned_at, queue_id, msg_id) in that
+-- descending order; NULL cursor for the first page. With no reason filter, a
+-- page reads about qty index entries however many rows the table holds
+-- (poison_page_idx across queues, poison_queue_page_idx within one). A
+-- reason filter cannot use an index: one call examines at most scan_limit
+-- rows; when it stops there before filling the page, its last row has
+-- capped = true and no message, and names where the scan stopped (pass it
+-- as the cursor to go on). `message` is the payload's text cut to
+-- preview_chars; `message_chars` the whole text's length.
+CREATE FUNCTION pgqueue.poison_page(
+    queue_name text,
+    qty integer,
+    poisoned_after timestamptz DEFAULT NULL,
+    poisoned_before timestamptz DEFAULT NULL,
+    reason_contains text DEFAULT NULL,
+    cursor_poisoned_at timestamptz DEFAULT NULL,
+    cursor_queue_id integer DEFAULT NULL,
+    cursor_msg_id bigint DEFAULT NULL,
+    scan_limit integer DEFAULT 100000,
+    preview_chars integer DEFAULT 300
+) RETURNS TABLE (
+    queue text,
+    queue_id integer,
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    poisoned_at timestamptz,
+    reason text,
+    message text,
+    message_chars integer,
+    headers jsonb,
+    capped boolean
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue_id integer := pgqueue._queue_id_or_null(poison_page.queue_name);
+    v_at timestamptz := coalesce(poison_page.cursor_poisoned_at, 'infinity');
+    v_qid integer := coalesce(poison_page.cursor_queue_id, 2147483647);
+    v_mid bigint := coalesce(poison_page.cursor_msg_id, 9223372036854775807);
+    v_needle text := lower(nullif(poison_page.reason_contains, ''));
+    v_scanned integer := 0;
+    v_found integer := 0;
+    p pgqueue.poison;
+    c refcursor;
+    v_names text[];  -- queue names by queue_id, looked up once each
+    v_text text;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', poison_page.qty);
+    PERFORM pgqueue._require_nonnegative('scan_limit', poison_page.scan_limit);
+    PERFORM pgqueue._require_nonnegative('preview_chars', poison_page.preview_chars);
+    IF (poison_page.cursor_poisoned_at IS NULL) <> (poison_page.cursor_msg_id IS NULL) THEN
+        RAISE EXCEPTION 'cursor_poisoned_at and cursor_msg_id go together' USING ERRCODE = '22023',
+            HINT = 'Pass both from the last row of the previous page, or neither for the first page.';
+    END IF;
+    IF poison_page.qty = 0 THEN
+        RETURN;
+    END IF;
+    IF v_queue_id IS NULL THEN
+        OPEN c FOR
+        SELECT x.* FROM pgqueue.poison x
+         WHERE (x.poisoned_at, x.queue_id, x.msg_id) < (v_at, v_qid, v_mid)
+           AND (poison_page.poisoned_after IS NULL OR x.poisoned_at >= poison_page.poisoned_after)
+           AND (poison_page.poisoned_before IS NULL OR x.poisoned_at < poison_page.poisoned_before)
+         ORDER BY x.poisoned_at DESC, x.queue_id DESC, x.msg_id DESC;
+    ELSE
+        OPEN c FOR
+        SELECT x.* FROM pgqueue.poison x
+         WHERE x.queue_id = v_queue_id
+           AND (x.poisoned_at, x.msg_id) < (v_at, v_mid)
+           AND (poison_page.poisoned_after IS NULL OR x.poisoned_at >= poison_page.poisoned_after)
+           AND (poison_page.poisoned_before IS NULL OR x.poisoned_at < poison_page.poisoned_before)
+         ORDER BY x.poisoned_at DESC, x.msg_id DESC;
+    END IF;
+    LOOP
+        FETCH c INTO p;
+        EXIT WHEN NOT FOUND;
+        v_scanned := v_scanned + 1;
+        IF v_needle IS NULL OR strpos(lower(p.reason), v_needle) > 0 THEN
+            v_found := v_found + 1;
+            queue := v_names[p.queue_id];
+            IF queue IS NULL THEN
+                SELECT q.queue_name INTO queue FROM pgqueue.queue q WHERE q.queue_id = p.queue_id;
+                v_names[p.queue_id] := queue;
+            END IF;
+            queue_id := p.queue_id;
+            msg_id := p.msg_id;
+            read_ct := p.read_ct;
+            enqueued_at := p.enqueued_at;
+            poisoned_at := p.poisoned_at;
+            reason := p.reason;
+            v_text := p.message::text;
+            message := left(v_text, poison_page.preview_chars);
+            message_chars := length(v_text);
+            headers := p.headers;
+            capped := false;
+            RETURN NEXT;
+            EXIT WHEN v_found >= poison_page.qty;
+        ELSIF v_scanned >= poison_page.scan_limit THEN
+            SELECT q.queue_name INTO queue FROM pgqueue.queue q WHERE q.queue_id = p.queue_id;
+            queue_id := p.queue_id;
+            msg_id := p.msg_id;
+            poisoned_at := p.poisoned_at;
+            read_ct := NULL;
+            enqueued_at := NULL;
+            reason := NULL;
+            message := NULL;
+            message_chars := NULL;
+            headers := NULL;
+            capped := true;
+            RETURN NEXT;
+            EXIT;
+        END IF;
+    END LOOP;
+    CLOSE c;
 END
 $$;

@@ -8,9 +8,9 @@
 -- constraint, trigger, type, function body, security setting or grant. A
 -- change is therefore made twice: in the file of its area here, and as a new
 -- migration carrying the whole new body of every function it changes.
--- Files apply in this order: queue, reads, poison, barriers, single_flight,
--- guard, roles (with check_function_bodies off: bodies name objects of later
--- files).
+-- Files apply in this order: queue, reads, poison, barriers, workflows,
+-- single_flight, guard, workers, roles (with check_function_bodies off: bodies
+-- name objects of later files).
 --
 -- Physical design: shared tables keyed by queue_id (not one table per queue).
 -- Every function is static SQL, so plans are cached and no queue name ever
@@ -69,12 +69,16 @@ CREATE SEQUENCE pgqueue.queue_id_seq AS integer;
 
 -- A queue; its messages take their ids from msg_seq, and its read lanes keep
 -- their floors in the sequences pgqueue.lane_<queue_id>_* (reads.sql).
+-- paused_at is set while the queue is paused (pause_queue): reads hand out
+-- nothing until resume_queue clears it; paused_by is who paused it, if said.
 CREATE TABLE pgqueue.queue (
     queue_id integer PRIMARY KEY,
     queue_name text NOT NULL UNIQUE,
     max_attempts integer NOT NULL CHECK (max_attempts >= 1),
     msg_seq regclass NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    paused_at timestamptz,
+    paused_by text
 );
 
 -- Live (unacknowledged) messages of every queue. Reads find them by the two
@@ -242,12 +246,77 @@ BEGIN
 END
 $$;
 
+-- Every queue; paused_at and paused_by are NULL while it runs.
 CREATE FUNCTION pgqueue.list_queues()
-RETURNS TABLE (queue_name text, max_attempts integer, created_at timestamptz)
+RETURNS TABLE (
+    queue_name text,
+    max_attempts integer,
+    created_at timestamptz,
+    paused_at timestamptz,
+    paused_by text
+)
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT q.queue_name, q.max_attempts, q.created_at FROM pgqueue.queue q ORDER BY q.queue_name;
+    SELECT q.queue_name, q.max_attempts, q.created_at, q.paused_at, q.paused_by
+      FROM pgqueue.queue q ORDER BY q.queue_name;
+$$;
+
+-- Pausing: a paused queue takes sends, acks, nacks, lease changes and member
+-- completions as ever, but read, read_with_poll and pop hand out nothing
+-- (reads.sql). Each says so by a NOTICE (PGQ11), so a consumer can tell a
+-- paused queue from an empty one and poll it instead of waking on its sends.
+-- The state is one column of the queue's row, changed by one conditional
+-- UPDATE: of two pauses (or resumes) at once, exactly one reports the change.
+-- Pausing does not stop the clock of anything already handed out (leases
+-- expire, barrier deadlines pass); it only stops new reads.
+
+-- Pauses the queue; true when this call paused it, false when it already was.
+-- `actor` is kept as paused_by (who or what paused it: a user, a web login).
+CREATE FUNCTION pgqueue.pause_queue(queue_name text, actor text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF length(pause_queue.actor) > 200 THEN
+        RAISE EXCEPTION 'actor is % characters; at most 200', length(pause_queue.actor)
+            USING ERRCODE = '22023', HINT = 'Name who pauses the queue: a user name, a host, a ticket.';
+    END IF;
+    UPDATE pgqueue.queue SET paused_at = clock_timestamp(), paused_by = pause_queue.actor
+     WHERE queue_name = pause_queue.queue_name AND paused_at IS NULL;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM pgqueue._queue(pause_queue.queue_name);  -- raises PGQ01 when there is no such queue
+    RETURN false;
+END
+$$;
+
+-- Resumes the queue; true when this call resumed it, false when it was not
+-- paused. Consumers waiting on the queue's channel are woken with the payload
+-- 'resumed' (a send's notification has an empty one): pgqueue's worker ignores
+-- the sends to a queue it knows is paused, and reads again at once on this.
+CREATE FUNCTION pgqueue.resume_queue(queue_name text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    UPDATE pgqueue.queue SET paused_at = NULL, paused_by = NULL
+     WHERE queue_name = resume_queue.queue_name AND paused_at IS NOT NULL
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        PERFORM pgqueue._queue(resume_queue.queue_name);  -- raises PGQ01 when there is no such queue
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
+        PERFORM pg_notify(pgqueue._channel(q.queue_name), 'resumed');
+    END IF;
+    RETURN true;
+END
 $$;
 
 -- The reserved headers that carry a message's trace context (W3C Trace
@@ -380,6 +449,7 @@ $$;
 -- which). oldest_visible_age_seconds is the age (since send) of the oldest
 -- visible message, NULL when none is visible. sent_total is the queue's
 -- message sequence: every id handed out, which a rolled-back send also uses.
+-- paused: the queue is paused (pause_queue).
 CREATE FUNCTION pgqueue.exporter_metrics()
 RETURNS TABLE (
     queue_name text,
@@ -390,7 +460,8 @@ RETURNS TABLE (
     poison bigint,
     barriers_open bigint,
     barrier_oldest_open_age_seconds double precision,
-    sent_total bigint
+    sent_total bigint,
+    paused boolean
 )
 LANGUAGE sql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -421,7 +492,8 @@ AS $$
            coalesce(d.n, 0),
            coalesce(o.n, 0),
            extract(epoch FROM c.t - o.oldest)::double precision,
-           coalesce(pg_sequence_last_value(q.msg_seq), 0)
+           coalesce(pg_sequence_last_value(q.msg_seq), 0),
+           q.paused_at IS NOT NULL
       FROM pgqueue.queue q
      CROSS JOIN clock c
       LEFT JOIN live l ON l.queue_id = q.queue_id

@@ -231,6 +231,24 @@ BEGIN
 END
 $$;
 
+-- Tells the caller of a read that the queue is paused (queue.sql, "Pausing"),
+-- so it got nothing however many messages are visible: the message says how
+-- to resume it, the DETAIL is JSON for clients (pgqueue's worker then polls
+-- the queue instead of waking on its sends). A consumer polling a paused
+-- queue gets one each time: clients log it at DEBUG at most.
+CREATE FUNCTION pgqueue._notice_paused(q pgqueue.queue) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE USING
+        ERRCODE = 'PGQ11',
+        MESSAGE = format('pgqueue: queue %s is paused, so reads return nothing; resume it with'
+                         ' `pgqueue queue resume %s` (or SELECT pgqueue.resume_queue(%L))',
+                         q.queue_name, q.queue_name, q.queue_name),
+        DETAIL = json_build_object('queue', q.queue_name, 'paused_at', q.paused_at,
+                                   'paused_by', q.paused_by)::text;
+END
+$$;
+
 -- Raised when a fenced call gets no read_ct: without it, it would fence nothing.
 CREATE FUNCTION pgqueue._require_read_ct(read_ct integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -827,21 +845,32 @@ BEGIN
 END
 $$;
 
+-- Reads, read_with_poll and pop of a paused queue return no rows, with one
+-- NOTICE (_notice_paused), before _take: no lane, floor or lock is touched.
 CREATE FUNCTION pgqueue.read(queue_name text, vt integer, qty integer)
 RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    q pgqueue.queue;
 BEGIN
     PERFORM pgqueue._require_nonnegative('vt', vt);
     PERFORM pgqueue._require_nonnegative('qty', qty);
-    RETURN QUERY SELECT * FROM pgqueue._take(pgqueue._queue(queue_name), vt, qty, false);
+    q := pgqueue._queue(queue_name);
+    IF q.paused_at IS NOT NULL THEN
+        PERFORM pgqueue._notice_paused(q);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false);
 END
 $$;
 
 -- Returns as soon as a round hands something out; at once, too, when the
 -- caller's transaction had written before it or a round poison-dropped
--- something, rather than sleep on the locks it holds.
+-- something, rather than sleep on the locks it holds. Each round looks at the
+-- queue's row again: a pause ends the wait at the next round (a drop, with
+-- PGQ01).
 CREATE FUNCTION pgqueue.read_with_poll(
     queue_name text,
     vt integer,
@@ -865,10 +894,15 @@ BEGIN
     v_deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
     PERFORM set_config('pgqueue.read_poisoned', 'off', true);
     LOOP
+        IF q.paused_at IS NOT NULL THEN
+            PERFORM pgqueue._notice_paused(q);
+            RETURN;
+        END IF;
         RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false);
         EXIT WHEN FOUND OR clock_timestamp() >= v_deadline OR v_had_written
                   OR current_setting('pgqueue.read_poisoned', true) = 'on';
         PERFORM pg_sleep(greatest(poll_interval_ms, 1) / 1000.0);
+        q := pgqueue._queue(queue_name);
     END LOOP;
 END
 $$;
@@ -878,9 +912,16 @@ RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    q pgqueue.queue;
 BEGIN
     PERFORM pgqueue._require_nonnegative('qty', qty);
-    RETURN QUERY SELECT * FROM pgqueue._take(pgqueue._queue(queue_name), 0, qty, true);
+    q := pgqueue._queue(queue_name);
+    IF q.paused_at IS NOT NULL THEN
+        PERFORM pgqueue._notice_paused(q);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue._take(q, 0, qty, true);
 END
 $$;
 

@@ -5,8 +5,10 @@
 --   pgqueue_consumer  what a worker does: read, ack, nack, lease changes,
 --                     complete barrier members, poison, wait for sends, the
 --                     duplicate guard, claims, the barrier sweep, barrier
---                     status and results, list_queues and metrics; and send.
---   pgqueue_operator  what the `pgqueue` command does: queue administration,
+--                     status and results, list_queues and metrics, the worker
+--                     registry's heartbeats and rate samples; and send.
+--   pgqueue_operator  what the `pgqueue` command does: queue administration
+--                     (pausing too), the workers and rates a dashboard shows,
 --                     peek, metrics, the poison table, barriers, claims, the
 --                     periodic purges, and send. Not the migrations.
 -- Callers get USAGE on the schema, EXECUTE on their API functions and nothing
@@ -71,11 +73,22 @@ INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.list_queues()', '{pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.metrics(text)', '{pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.metrics_all()', '{pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.sample_rates()', '{pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.worker_heartbeat(uuid,text,integer,text[],integer,integer,timestamp with time zone,boolean,text[],bigint[],bigint[],bigint[])', '{pgqueue_consumer}'),
+    ('pgqueue.worker_deregister(uuid)', '{pgqueue_consumer}'),
     ('pgqueue.barrier_failures(text,integer)', '{pgqueue_operator}'),
     ('pgqueue.create_queue(text,integer)', '{pgqueue_operator}'),
     ('pgqueue.drop_queue(text)', '{pgqueue_operator}'),
+    ('pgqueue.pause_queue(text,text)', '{pgqueue_operator}'),
+    ('pgqueue.resume_queue(text)', '{pgqueue_operator}'),
+    ('pgqueue.list_workers()', '{pgqueue_operator}'),
+    ('pgqueue.queue_rates(text[],integer)', '{pgqueue_operator}'),
     ('pgqueue.exporter_metrics()', '{pgqueue_operator}'),
     ('pgqueue.list_barriers(text,integer)', '{pgqueue_operator}'),
+    ('pgqueue.list_barriers(text,integer,timestamp with time zone,text)', '{pgqueue_operator}'),
+    ('pgqueue.barrier_outcomes(text)', '{pgqueue_operator}'),
+    ('pgqueue.barrier_pending(text,integer,integer)', '{pgqueue_operator}'),
+    ('pgqueue.poison_page(text,integer,timestamp with time zone,timestamp with time zone,text,timestamp with time zone,integer,bigint,integer,integer)', '{pgqueue_operator}'),
     ('pgqueue.list_claims(integer)', '{pgqueue_operator}'),
     ('pgqueue.peek(text,integer,bigint)', '{pgqueue_operator}'),
     ('pgqueue.poison_count(text,timestamp with time zone,timestamp with time zone,text)', '{pgqueue_operator}'),

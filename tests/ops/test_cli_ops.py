@@ -94,11 +94,11 @@ def test_queue_create_list_and_json(dsn: str) -> None:
         cli(dsn, "queue", "create", "jobs", "--max-attempts", "2")
     )
     table = ok(cli(dsn, "queue", "list")).splitlines()
-    assert table[0].split() == ["QUEUE", "MAX_ATTEMPTS", "CREATED"]
-    assert table[1].split()[:2] == ["jobs", "2"]
+    assert table[0].split() == ["QUEUE", "MAX_ATTEMPTS", "CREATED", "PAUSED"]
+    assert table[1].split()[:2] == ["jobs", "2"] and table[1].split()[-1] == "-"
     [row] = json.loads(ok(cli(dsn, "queue", "list", "--json")))
-    assert list(row) == ["queue", "max_attempts", "created_at"]
-    assert row["queue"] == "jobs" and row["max_attempts"] == 2
+    assert list(row) == ["queue", "max_attempts", "created_at", "paused", "paused_at", "paused_by"]
+    assert row["queue"] == "jobs" and row["max_attempts"] == 2 and row["paused"] is False
 
 
 def test_queue_create_rejects_a_bad_name_in_one_line(dsn: str) -> None:

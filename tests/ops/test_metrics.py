@@ -113,6 +113,7 @@ def test_worker_and_exporter_metrics_count_exactly_what_happened(
         client.read("jobs", vt=600, qty=1)  # leased
         client.send("jobs", {"n": 4}, delay=600)  # delayed
         client.fan_out("other", [{}, {}], callback_queue="callbacks", callback_message={})
+        client.pause_queue("other")
         eport = free_port()
         exporter = start_exporter(dsn, eport)
         try:
@@ -134,6 +135,8 @@ def test_worker_and_exporter_metrics_count_exactly_what_happened(
     assert value(state, "pgqueue_queue_oldest_message_age_seconds", queue="jobs") > 0
     # every id jobs handed out: 1 + 10 + 1 + 1, then 3 + 1
     assert value(state, "pgqueue_messages_sent_total", queue="jobs") == 17
+    assert value(state, "pgqueue_queue_paused", queue="other") == 1
+    assert value(state, "pgqueue_queue_paused", queue="jobs") == 0
     assert value(state, "pgqueue_exporter_scrape_success") == 1
 
 

@@ -38,6 +38,7 @@ from pgqueue import (
 )
 from pgqueue._calls import Call, scalar
 from pgqueue._calls import single_flight as claims_calls
+from pgqueue._calls import workers as workers_calls
 from pgqueue._calls.barrier import barrier_links
 from pgqueue._calls.guard import guard_call
 from pgqueue._cli import main
@@ -46,6 +47,11 @@ from pgqueue._migrate import available, current_version, migrate
 from pgqueue._roles import CONSUMER, FUNCTION_ROLES, GROUP_ROLES, OPERATOR, PRODUCER
 
 LATEST = available()[-1].version
+
+# A worker's heartbeat on queue jobs: 2 acks.
+HEARTBEAT = workers_calls.worker_heartbeat(
+    uuid.uuid4(), "host", 1, ["jobs"], 1, 0, False, {"jobs": (2, 0, 0)}
+)
 
 
 def as_user(dsn: str, user: str) -> str:
@@ -197,6 +203,13 @@ NOT_FOR_PRODUCERS: list[tuple[str, Callable[[Client, dict[str, Any]], Any]]] = [
     ("purge_claims", lambda c, s: c.purge_claims(older_than_seconds=0)),
     ("claim", lambda c, s: c.run(claims_calls.claim("key", "thief", 30))),
     ("guard", lambda c, s: c.run(guard_call("g"))),
+    ("pause_queue", lambda c, s: c.pause_queue("jobs")),
+    ("resume_queue", lambda c, s: c.resume_queue("jobs")),
+    ("list_workers", lambda c, s: c.list_workers()),
+    ("queue_rates", lambda c, s: c.queue_rates()),
+    ("sample_rates", lambda c, s: c.sample_rates()),
+    ("worker_heartbeat", lambda c, s: c.run(HEARTBEAT)),
+    ("worker_deregister", lambda c, s: c.run(workers_calls.worker_deregister(uuid.uuid4()))),
 ]
 
 
@@ -301,6 +314,10 @@ NOT_FOR_CONSUMERS: list[tuple[str, Callable[[Client, dict[str, Any]], Any]]] = [
     ("barrier_failures", lambda c, s: c.barrier_failures(s["barrier"])),
     ("list_claims", lambda c, s: c.list_claims()),
     ("purge_claims", lambda c, s: c.purge_claims(older_than_seconds=0)),
+    ("pause_queue", lambda c, s: c.pause_queue("jobs")),
+    ("resume_queue", lambda c, s: c.resume_queue("jobs")),
+    ("list_workers", lambda c, s: c.list_workers()),
+    ("queue_rates", lambda c, s: c.queue_rates()),
 ]
 
 
@@ -323,6 +340,7 @@ def test_operator_cannot_read_ack_or_complete(client: Client, operator: Client) 
     refused(lambda: operator.delete("jobs", state["live"]), "delete", login, CONSUMER)
     refused(lambda: operator.complete_member("jobs", 1), "complete_members", login, CONSUMER)
     refused(lambda: operator.poison("jobs", state["live"], "x"), "poison", login, CONSUMER)
+    refused(lambda: operator.run(HEARTBEAT), "worker_heartbeat", login, CONSUMER)
     assert client.peek("jobs")[0].read_ct == 0
 
 
@@ -445,6 +463,24 @@ def test_consumer_waits_on_listen_and_wakes_on_a_send(
     got = consumer.read_or_wait("jobs", vt=30, qty=1, max_wait_seconds=10)
     assert [m.message for m in got] == [{"wake": True}]
     assert time.monotonic() - started < 5
+
+
+def test_operator_pauses_and_watches_workers_and_rates_that_consumers_report(
+    client: Client, operator: Client, consumer: Client
+) -> None:
+    client.create_queue("jobs")
+    assert operator.pause_queue("jobs", actor="ops") is True
+    assert consumer.read("jobs") == []  # paused: a NOTICE, no error
+    assert consumer.run(HEARTBEAT) == {"jobs": True}
+    consumer.send("jobs", {"n": 1})
+    assert operator.resume_queue("jobs") is True
+    assert [m.message for m in consumer.read("jobs")] == [{"n": 1}]
+    assert consumer.sample_rates() >= 0 and operator.sample_rates() >= 0
+    assert [w.worker_id for w in operator.list_workers()] == [HEARTBEAT.params[0]]
+    rates = operator.queue_rates(["jobs"], minutes=2)
+    assert sum(r.acked for r in rates) == 2 and {r.queue_name for r in rates} == {"jobs"}
+    assert consumer.run(workers_calls.worker_deregister(HEARTBEAT.params[0])) is True
+    assert operator.list_workers() == []
 
 
 def test_consumer_worker_runs_a_fan_out_to_its_callback(

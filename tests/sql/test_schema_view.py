@@ -19,7 +19,17 @@ from support.db import create_database, drop_database, with_dbname
 from pgqueue._migrate import migrate
 
 SCHEMA = Path(__file__).resolve().parents[2] / "sql" / "schema"
-ORDER = ["queue", "reads", "poison", "barriers", "workflows", "single_flight", "guard", "roles"]
+ORDER = [
+    "queue",
+    "reads",
+    "poison",
+    "barriers",
+    "workflows",
+    "single_flight",
+    "guard",
+    "workers",
+    "roles",
+]
 
 CATALOG = {
     "columns": """

@@ -19,7 +19,9 @@ from pgqueue._worker.clock import ManualClock
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task
 from pgqueue._worker.leases import Leases
+from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.reader import Reader
+from pgqueue._worker.registry import Registry
 
 LOG = structlog.get_logger("pgqueue")
 
@@ -45,6 +47,29 @@ def hold(client: Client, inflight: InFlight, clock: ManualClock, vt: int, n: int
     ]
     inflight.add(tasks)
     return tasks
+
+
+def collecting_reader(
+    client: Client,
+    app: App,
+    s: WorkerSettings,
+    inflight: InFlight,
+    clock: ManualClock,
+    pauses: Pauses | None = None,
+) -> tuple[Reader, list[Task]]:
+    """A reader whose reads are held in `inflight` and listed, never run; that list."""
+    submitted: list[Task] = []
+
+    class Collect:
+        def submit(self, tasks: list[Task], batch: Any) -> None:
+            inflight.add(tasks)
+            submitted.extend(tasks)
+
+    dispatcher: Any = Collect()
+    reader = Reader(
+        app, s, WorkerDb(client), inflight, dispatcher, threading.Event(), clock, LOG, pauses
+    )
+    return reader, submitted
 
 
 def vt_left(client: Client, sql: Any, msg_id: int) -> float:
@@ -126,23 +151,7 @@ def test_the_reader_leases_no_more_than_healthy_threads_can_start(
     app.handler(queue)(noop)
     s = WorkerSettings(queues=(queue,), concurrency=2, batch=4)
     clock, inflight = ManualClock(), InFlight(2)
-    submitted: list[Task] = []
-
-    class Collect:
-        def submit(self, tasks: list[Task], batch: Any) -> None:
-            inflight.add(tasks)
-            submitted.extend(tasks)
-
-    reader = Reader(
-        app,
-        s,
-        WorkerDb(client),
-        inflight,
-        Collect(),
-        threading.Event(),
-        clock,
-        LOG,  # type: ignore[arg-type]
-    )
+    reader, submitted = collecting_reader(client, app, s, inflight, clock)
     assert reader.room() == 2 + 4  # two running and a batch waiting
     assert reader.fill() == 4 and reader.fill() == 2 and reader.fill() == 0
     running, _ = inflight.begin(submitted[:2], threading.Event(), clock.now())
@@ -239,3 +248,56 @@ def test_a_heartbeat_does_not_wait_behind_a_slow_ack_of_a_message_it_holds(
     clock.advance(1)
     leases.heartbeat()  # the lock is gone: the skipped lease is extended now
     assert vt_left(client, sql, acking.msg.msg_id) > 95
+
+
+def test_the_reader_probes_a_paused_queue_once_a_poll_interval_and_sees_it_resumed(
+    client: Client, queue: str
+) -> None:
+    client.send_batch(queue, list(range(3)))
+    app = App()
+    app.handler(queue)(noop)
+    s = WorkerSettings(queues=(queue,), concurrency=4, poll_interval=2.0)
+    clock, inflight = ManualClock(), InFlight(4)
+    pauses = Pauses(s.queues, s.poll_interval, clock, LOG)
+    client.observers.read_paused.append(pauses.read_paused)
+    reader, _ = collecting_reader(client, app, s, inflight, clock, pauses)
+    reads: list[str] = []
+    client.observers.read_paused.append(reads.append)
+    client.pause_queue(queue)
+    assert reader.fill() == 0 and reads == [queue] and pauses.paused(queue)
+    assert reader.fill() == 0 and reads == [queue]  # not read again before its probe
+    clock.advance(1.9)
+    assert reader.fill() == 0 and len(reads) == 1
+    clock.advance(0.1)
+    assert reader.fill() == 0 and len(reads) == 2  # the probe: still paused
+    client.resume_queue(queue)
+    assert reader.fill() == 0  # the next probe is 2 s away
+    clock.advance(2.0)
+    assert reader.fill() == 3 and not pauses.paused(queue)  # the probe found it running
+    assert len(reads) == 2
+
+
+def test_the_registry_heartbeats_once_its_interval_has_passed(client: Client, queue: str) -> None:
+    s = WorkerSettings(queues=(queue,), registry_interval=5.0)
+    clock, inflight = ManualClock(), InFlight(s.concurrency)
+    pauses = Pauses(s.queues, s.poll_interval, clock, LOG)
+    registry = Registry(WorkerDb(client), s, inflight, pauses, clock, LOG)
+    assert registry.due_in() == 0
+    registry.tick()
+    [row] = client.list_workers()
+    assert (row.worker_id, row.in_flight, row.stopping) == (registry.worker_id, 0, False)
+    registry.tally.count(queue, "acked", 2)
+    registry.tick()  # not due: nothing sent
+    assert client.list_workers()[0].last_seen_at == row.last_seen_at
+    assert registry.due_in() == 5.0
+    clock.advance(5.0)
+    client.pause_queue(queue)
+    registry.tick()
+    assert client.list_workers()[0].last_seen_at > row.last_seen_at
+    assert pauses.paused(queue)  # the heartbeat said so
+    assert sum(r.acked for r in client.queue_rates([queue], minutes=2)) == 2
+    assert registry.tally.empty()
+    registry.stop()
+    assert client.list_workers()[0].stopping
+    registry.deregister()
+    assert client.list_workers() == []
