@@ -6,6 +6,7 @@ from pgqueue._cli import (  # noqa: F401  (they register)
     poison,
     queues,
     run,
+    web,
     workers,
     workflows,
 )

@@ -55,3 +55,30 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
     for system in ("pgqueue", "PGMQ", "PgQueuer", "Procrastinate"):
         assert f"{system} msg/s" in text, system
     assert "failed" not in text, text
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not answers(LOCAL_DSN), reason="needs the local server")
+def test_the_dashboard_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="the dashboard comes with pip install -e '.[web]'")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.web_pages",
+            "--smoke",
+            "--dsn",
+            LOCAL_DSN,
+            "--out",
+            str(tmp_path / "web_pages"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "web_pages.md").read_text()
+    for page in ("overview (warm snapshot)", "poison, 10 pages deep", "barrier, 2 pending"):
+        assert f"| {page}" in text, page
+    assert text.count("\n|") >= 20  # every page measured

@@ -1,0 +1,78 @@
+"""`pgqueue web`: the dashboard, served by uvicorn (docs/dashboard.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import click
+
+from pgqueue._cli._common import (
+    connection_options,
+    expected_errors,
+    fail,
+    open_client,
+    setup_logging,
+)
+from pgqueue._cli._main import main
+
+# The names a loopback-bound dashboard answers to; any other Host header is
+# refused, so a web page whose name was rebound to 127.0.0.1 cannot read it.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--read-only", is_flag=True, help="Show everything, offer no action.")
+@click.option(
+    "--allow-owner",
+    is_flag=True,
+    help="Run as a superuser or the schema's owner on a non-loopback address.",
+)
+@connection_options
+def web(
+    host: str,
+    port: int,
+    read_only: bool,
+    allow_owner: bool,
+    dsn: str | None,
+    connect_timeout: float,
+) -> None:
+    """Serve the dashboard: queues, poison, barriers, workflows and workers, until Ctrl-C.
+
+    Binds to 127.0.0.1 unless told otherwise; another address needs a login
+    (PGQUEUE_WEB_TOKEN or PGQUEUE_WEB_BASIC_AUTH). Needs pgqueue[web].
+    """
+    setup_logging()
+    missing = [m for m in ("starlette", "jinja2", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"the dashboard needs {', '.join(missing)}: pip install 'pgqueue[web]'", 2)
+    import uvicorn
+
+    from pgqueue._web.app import check_grants, create_app, web_dsn
+    from pgqueue._web.queries import GRANTS
+    from pgqueue._web.security import Credentials, is_loopback
+
+    with expected_errors():
+        creds = Credentials.from_env()
+        if not is_loopback(host) and not creds.configured:
+            fail(
+                f"refusing to serve on {host} without a login: set PGQUEUE_WEB_TOKEN or"
+                " PGQUEUE_WEB_BASIC_AUTH (docs/dashboard.md), or bind to 127.0.0.1",
+                2,
+            )
+        with open_client(web_dsn(dsn, read_only), connect_timeout) as client:
+            grants = client.run(GRANTS)
+        owner_ok = allow_owner or is_loopback(host)
+        check_grants(grants, owner_ok)
+        if grants.superuser or grants.owner:
+            click.echo(
+                f"warning: role {grants.role!r} can do more than the dashboard needs; in"
+                " production run it as a role holding only pgqueue_operator",
+                err=True,
+            )
+        hosts = [host, *LOOPBACK_NAMES] if is_loopback(host) else None
+        app = create_app(dsn, read_only=read_only, allow_owner=owner_ok, allowed_hosts=hosts)
+    where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+    click.echo(f"pgqueue web on {where}{' (read-only)' if read_only else ''}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)

@@ -1,0 +1,1 @@
+"""The web dashboard (`pgqueue web`, docs/dashboard.md); needs pgqueue[web]."""
