@@ -75,4 +75,8 @@ def web(
         app = create_app(dsn, read_only=read_only, allow_owner=owner_ok, allowed_hosts=hosts)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     click.echo(f"pgqueue web on {where}{' (read-only)' if read_only else ''}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
+    # proxy_headers off: X-Forwarded-For from a local process must not name the
+    # address the action log records
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", server_header=False, proxy_headers=False
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -37,10 +38,16 @@ from starlette.templating import Jinja2Templates
 
 from pgqueue._async_client import AsyncClient
 from pgqueue._calls import barrier as _barrier
-from pgqueue._calls import poison as _poison
-from pgqueue._calls import queue as _queue
 from pgqueue._calls import workflow as _workflow
-from pgqueue._errors import InvalidArgument, PgQueueError
+from pgqueue._errors import (
+    BarrierNotFound,
+    ConnectionLost,
+    InvalidArgument,
+    PgQueueError,
+    QueueNotFound,
+    WorkflowNotFound,
+)
+from pgqueue._retry import RetryPolicy
 from pgqueue._settings import resolve_dsn
 from pgqueue._web import draw, queries
 from pgqueue._web.security import (
@@ -73,6 +80,11 @@ SINCE = {
 SORTS = ("name", "visible", "leased", "delayed", "oldest", "poison", "barriers")
 
 log = structlog.get_logger("pgqueue.web")
+
+# What a page answers 404 for; every other error is the database's (503) or a bug (500).
+NOT_FOUND = (QueueNotFound, BarrierNotFound, WorkflowNotFound)
+# A page should answer or fail within seconds, not wait out a worker's retry budget.
+WEB_RETRY = RetryPolicy(attempts=3, deadline_seconds=5.0)
 
 
 @dataclass
@@ -120,7 +132,7 @@ def web_dsn(dsn: str | None, read_only: bool) -> str:
     if resolved is None:
         raise InvalidArgument("no database given: pass --dsn, or set PGQUEUE_DSN (or DATABASE_URL)")
     options = conninfo_to_dict(resolved).get("options") or ""
-    extra = "-c statement_timeout=15000 -c application_name=pgqueue-web"
+    extra = "-c statement_timeout=15000"
     if read_only:
         extra += " -c default_transaction_read_only=on"
     return make_conninfo(resolved, options=f"{options} {extra}".strip())
@@ -151,7 +163,11 @@ async def _open_client(state: State) -> AsyncClient:
     """A pool with the dashboard's session settings; without them behind a pooler refusing them."""
     try:
         return await AsyncClient.from_dsn(
-            web_dsn(state.dsn, state.read_only), min_size=1, max_size=4
+            web_dsn(state.dsn, state.read_only),
+            min_size=1,
+            max_size=4,
+            retry=WEB_RETRY,
+            connect_timeout=5.0,
         )
     except (psycopg.Error, PgQueueError) as exc:
         if "unsupported startup parameter" not in str(exc):
@@ -161,7 +177,9 @@ async def _open_client(state: State) -> AsyncClient:
         detail="the connection refused startup options (a pooler?): no statement timeout,"
         " and read-only rests on the dashboard's routes alone",
     )
-    return await AsyncClient.from_dsn(resolve_dsn(state.dsn), min_size=1, max_size=4)
+    return await AsyncClient.from_dsn(
+        resolve_dsn(state.dsn), min_size=1, max_size=4, retry=WEB_RETRY, connect_timeout=5.0
+    )
 
 
 def check_grants(grants: queries.Grants, allow_owner: bool) -> None:
@@ -184,7 +202,14 @@ def _state(request: Request) -> State:
 
 
 def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text).astimezone(UTC)
+    """An aware time from ISO text, in UTC; ValueError for anything else (or out of range)."""
+    try:
+        when = datetime.fromisoformat(text)
+        if when.tzinfo is None:
+            raise ValueError("a time needs its offset")
+        return when.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("time out of range") from exc
 
 
 def encode_cursor(*parts: Any) -> str:
@@ -200,10 +225,15 @@ def decode_cursor(text: str | None, kinds: tuple[type, ...]) -> tuple[Any, ...] 
         parts = json.loads(text)
         if not isinstance(parts, list) or len(parts) != len(kinds):
             raise ValueError
-        return tuple(
+        values = tuple(
             _parse_time(p) if k is datetime else k(p) for p, k in zip(parts, kinds, strict=True)
         )
-    except (ValueError, TypeError) as exc:
+        if any(isinstance(v, int) and not 0 <= v < 2**31 for v in values[1:2]) or any(
+            isinstance(v, int) and not 0 <= v < 2**63 for v in values
+        ):
+            raise ValueError("out of range")
+        return values
+    except (ValueError, TypeError, OverflowError) as exc:
         raise HTTPException(400, "bad cursor: start again from the first page") from exc
 
 
@@ -223,12 +253,6 @@ def since_text(when: datetime | None) -> str:
     if when is None:
         return "\u2013"
     return age((datetime.now(UTC) - when).total_seconds()) + " ago"
-
-
-def pretty_json(value: Any, limit: int = PAYLOAD_CHARS) -> tuple[str, bool]:
-    """Indented JSON text cut at limit characters, and whether it was cut."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
-    return (text[:limit], len(text) > limit)
 
 
 templates = Jinja2Templates(
@@ -398,8 +422,8 @@ async def queue_page(request: Request) -> Response:
     except ValueError as exc:
         raise HTTPException(400, "after must be a message id") from exc
     try:
-        messages = await client.run(_queue.peek(name, PAGE + 1, after))
-    except PgQueueError as exc:
+        messages = await client.run(queries.peek_shown(name, PAGE + 1, after))
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     if row is None:  # created since the snapshot
         snap.taken = 0.0
@@ -407,13 +431,12 @@ async def queue_page(request: Request) -> Response:
     more = len(messages) > PAGE
     messages = messages[:PAGE]
     rates = await rates_of(client, [name])
-    shown = [(m, json.dumps(m.message, ensure_ascii=False)[:300]) for m in messages]
     return await render(
         request,
         "queue.html",
         name=name,
         row=row,
-        messages=shown,
+        messages=messages,
         next_after=messages[-1].msg_id if more and messages else None,
         rates=rates.get(name),
     )
@@ -433,7 +456,7 @@ async def queue_action(request: Request) -> Response:
             changed = await client.pause_queue(name, actor=request.state.actor)
         else:
             changed = await client.resume_queue(name)
-    except PgQueueError as exc:
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     # the shared figures show the new state at once, without waiting for their query
     st.snapshot.rows = [
@@ -441,6 +464,13 @@ async def queue_action(request: Request) -> Response:
     ]
     _log_action(request, f"queue.{action}", queue=name, changed=int(changed))
     return _redirect(request, "/queue", name=name, done=f"{action}d" if changed else "unchanged")
+
+
+def _flash(st: State, token: str | None) -> tuple[str, int] | None:
+    """The result an action signed for the page it redirects to; a link cannot forge one."""
+    subject = st.signer.verify("flash", token, 300) if token else None
+    action, _, count = (subject or "").partition(":")
+    return (action, int(count)) if action and count.isdigit() else None
 
 
 def _poison_filter(request: Request) -> dict[str, Any]:
@@ -458,14 +488,14 @@ async def poison_list(request: Request) -> Response:
     st = _state(request)
     client = await client_of(st)
     f = _poison_filter(request)
-    now = datetime.now(UTC)
+    now = await client.run(queries.NOW)
     cursor = decode_cursor(request.query_params.get("cursor"), (datetime, int, int))
     after = now - SINCE[f["since"]] if f["since"] else None
     try:
         rows = await client.run(
             queries.poison_page(f["queue"], PAGE + 1, after, None, f["reason"], cursor, SCAN_LIMIT)
         )
-    except PgQueueError as exc:
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     capped = rows[-1] if rows and rows[-1].capped else None
     found = [r for r in rows if not r.capped]
@@ -488,8 +518,7 @@ async def poison_list(request: Request) -> Response:
         next_cursor=next_cursor,
         first_page=cursor is None,
         queues=queues,
-        done=request.query_params.get("done"),
-        n=request.query_params.get("n"),
+        flash=_flash(st, request.query_params.get("done")),
     )
 
 
@@ -497,20 +526,17 @@ async def poison_message(request: Request) -> Response:
     """One poison message in full: payload, headers, read count and reason."""
     client = await client_of(_state(request))
     name = _queue_name(request, {"name": request.query_params.get("queue")})
+    text = request.query_params.get("id", "")
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise HTTPException(400, "id must be a message id")
+    msg_id = int(text)
     try:
-        msg_id = int(request.query_params.get("id", ""))
-        found = await client.run(_poison.poison_get(name, msg_id))
-    except ValueError as exc:
-        raise HTTPException(400, "id must be a message id") from exc
-    except PgQueueError as exc:
+        found = await client.run(queries.poison_shown(name, msg_id, PAYLOAD_CHARS))
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     if found is None:
         raise HTTPException(404, f"queue {name!r} has no poison message {msg_id}")
-    payload, cut = pretty_json(found.message)
-    headers, _ = pretty_json(found.headers)
-    return await render(
-        request, "poison_message.html", m=found, payload=payload, cut=cut, headers=headers
-    )
+    return await render(request, "poison_message.html", m=found, limit=PAYLOAD_CHARS)
 
 
 @dataclass(frozen=True)
@@ -537,16 +563,26 @@ class Selection:
         return out
 
 
-def _selection(source: Any, now: datetime) -> Selection:
+MAX_SELECTED = 500  # ids one selection carries (a page shows 50)
+
+
+def _selection(source: Any, now: datetime | None) -> Selection:
+    """What the request asks to change; 400 for anything not made by these pages.
+
+    `now` (the database's clock) fixes the cut-off of a filter's selection on
+    the confirmation page; the act (None) must carry the one it confirmed.
+    """
     action = source.get("action")
     if action not in ("requeue", "purge"):
         raise HTTPException(400, "action must be requeue or purge")
     ids: list[tuple[str, int]] = []
     for item in source.getlist("m"):
         queue, sep, text = str(item).rpartition(":")
-        if not sep or not text.isdigit():
+        if not sep or not (text.isascii() and text.isdigit()) or len(text) > 18:
             raise HTTPException(400, "bad selection: pick messages on the poison page")
         ids.append((queue, int(text)))
+    if len(ids) > MAX_SELECTED:
+        raise HTTPException(400, f"select at most {MAX_SELECTED} messages at once")
     if ids:
         return Selection(action, sorted(set(ids)), None, None, "", None)
     if source.get("all") != "1":
@@ -555,11 +591,18 @@ def _selection(source: Any, now: datetime) -> Selection:
     if target is None:
         raise HTTPException(400, "choose a queue to act on all its matching messages")
     since = source.get("since") or ""
+    if since and since not in SINCE:
+        raise HTTPException(400, f"since must be one of {', '.join(SINCE)}")
     before_text = source.get("before") or ""
+    if not before_text and now is None:
+        raise HTTPException(400, "the confirmation's cut-off time is missing: confirm again")
     try:
         before = _parse_time(before_text) if before_text else now
-    except ValueError as exc:
-        raise HTTPException(400, "bad time in the selection") from exc
+        assert before is not None
+        if since:
+            _ = before - SINCE[since]  # in range, or OverflowError
+    except (ValueError, OverflowError) as exc:
+        raise HTTPException(400, "bad time in the selection: confirm again") from exc
     return Selection(action, [], str(target), source.get("reason") or None, since, before)
 
 
@@ -568,10 +611,22 @@ def _filter_of(sel: Selection) -> PoisonFilter:
     return PoisonFilter(after=after, before=sel.before, reason=sel.reason)
 
 
+def cli_command(sel: Selection) -> str | None:
+    """The `pgqueue poison` command that does what a filter's selection does, quoted for a shell."""
+    if sel.queue is None:
+        return None
+    argv = ["pgqueue", "poison", sel.action, sel.queue, "--all"]
+    if sel.reason:
+        argv += ["--reason", sel.reason]
+    if sel.since:
+        argv += ["--since", sel.since]
+    return shlex.join(argv)
+
+
 async def poison_confirm(request: Request) -> Response:
     """Say exactly how many messages an action will change before it does."""
     client = await client_of(_state(request))
-    now = datetime.now(UTC)
+    now: datetime = await client.run(queries.NOW)
     sel = _selection(request.query_params, now)
     if sel.ids:
         count = len(sel.ids)
@@ -579,14 +634,10 @@ async def poison_confirm(request: Request) -> Response:
         assert sel.queue is not None
         try:
             count = await client.poison_count(sel.queue, _filter_of(sel))
-        except PgQueueError as exc:
+        except NOT_FOUND as exc:
             raise HTTPException(404, str(exc)) from exc
     too_many = count > MAX_ACTION_ROWS
-    cli = None
-    if too_many or sel.queue:
-        cli = f"pgqueue poison {sel.action} {sel.queue} --all" + (
-            f" --reason '{sel.reason}'" if sel.reason else ""
-        )
+    cli = cli_command(sel)
     return await render(
         request,
         "confirm.html",
@@ -601,16 +652,19 @@ async def poison_confirm(request: Request) -> Response:
 async def poison_act(request: Request) -> Response:
     """Requeue or purge the confirmed selection; report how many rows changed."""
     form = await checked_form(request)
-    client = await client_of(_state(request))
-    sel = _selection(form, datetime.now(UTC))
+    st = _state(request)
+    client = await client_of(st)
+    sel = _selection(form, None)
     if sel.ids:
         changed = await _act_on_ids(client, sel)
-        target: dict[str, Any] = {"ids": [f"{q}:{i}" for q, i in sel.ids[:50]]}
+        target: dict[str, Any] = {"ids": [f"{q}:{i}" for q, i in sel.ids]}
     else:
-        changed = await _act_on_filter(client, sel)
         target = {"queue": sel.queue, "reason": sel.reason, "since": sel.since}
+        target["before"] = sel.before.isoformat() if sel.before else None
+        changed = await _act_on_filter(request, client, sel, target)
     _log_action(request, f"poison.{sel.action}", changed=changed, **target)
-    return _redirect(request, "/poison", done=sel.action, n=str(changed))
+    flash = st.signer.sign("flash", f"{sel.action}:{changed}")
+    return _redirect(request, "/poison", done=flash)
 
 
 async def _act_on_ids(client: AsyncClient, sel: Selection) -> int:
@@ -635,7 +689,7 @@ async def _act_on_ids(client: AsyncClient, sel: Selection) -> int:
         raise HTTPException(
             409, "some of the selected messages are no longer poisoned; nothing was changed"
         ) from exc
-    except PgQueueError as exc:
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     return changed
 
@@ -644,28 +698,49 @@ class _Gone(Exception):
     """A selected message is gone: roll the whole action back."""
 
 
-async def _act_on_filter(client: AsyncClient, sel: Selection) -> int:
-    """Every message of the queue that matched when confirmed, a chunk per transaction."""
+async def _act_on_filter(
+    request: Request, client: AsyncClient, sel: Selection, target: dict[str, Any]
+) -> int:
+    """Every message of the queue that matched when confirmed, a chunk per transaction.
+
+    Refuses (changing nothing) past MAX_ACTION_ROWS. A failure part way is
+    logged with what was changed already, and the page says how many.
+    """
     assert sel.queue is not None
     where = _filter_of(sel)
+    try:
+        total = await client.poison_count(sel.queue, where)
+    except NOT_FOUND as exc:
+        raise HTTPException(404, str(exc)) from exc
+    if total > MAX_ACTION_ROWS:
+        raise HTTPException(
+            400,
+            f"{total} messages match: the dashboard changes at most {MAX_ACTION_ROWS} at once;"
+            f" nothing was changed. Run: {cli_command(sel)}",
+        )
     changed = 0
     after = 0
     try:
-        while changed < MAX_ACTION_ROWS and (
-            ids := await client.poison_ids(
-                sel.queue,
-                after_msg_id=after,
-                qty=min(CHUNK, MAX_ACTION_ROWS - changed),
-                where=where,
-            )
-        ):
+        while ids := await client.poison_ids(sel.queue, after_msg_id=after, qty=CHUNK, where=where):
             if sel.action == "requeue":
                 changed += len(await client.poison_requeue(sel.queue, ids))
             else:
                 changed += await client.poison_purge(sel.queue, ids)
             after = ids[-1]
-    except PgQueueError as exc:
-        raise HTTPException(404, str(exc)) from exc
+    except (psycopg.Error, PgQueueError) as exc:
+        _log_action(
+            request,
+            f"poison.{sel.action}",
+            changed=changed,
+            error=str(exc).strip().splitlines()[0],
+            **target,
+        )
+        past = "requeued" if sel.action == "requeue" else "purged"
+        raise HTTPException(
+            500,
+            f"{changed} messages were {past} before this failed: {str(exc).strip()}."
+            " Confirm again to finish.",
+        ) from exc
     return changed
 
 
@@ -716,9 +791,9 @@ async def barrier_page(request: Request) -> Response:
     try:
         status = await client.run(_barrier.barrier_status(bid))
         outcomes = await client.run(queries.barrier_outcomes(bid))
-        failures = await client.run(_barrier.barrier_failures(bid, PAGE))
+        failures = await client.run(queries.failures_shown(bid, PAGE))
         pending = await client.run(queries.barrier_pending(bid, PAGE))
-    except PgQueueError as exc:
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     return await render(
         request,
@@ -751,7 +826,7 @@ async def workflow_page(request: Request) -> Response:
     try:
         status = await client.run(_workflow.workflow_status(wid))
         steps = await client.run(_workflow.workflow_steps(wid))
-    except PgQueueError as exc:
+    except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     dag = draw.layout([(s.step, s.state, s.depends_on) for s in steps])
     return await render(request, "workflow.html", w=status, steps=steps, dag=dag, box=draw)
@@ -789,7 +864,7 @@ async def login(request: Request) -> Response:
     response = _redirect(request, "/")
     response.set_cookie(
         SESSION_COOKIE,
-        st.signer.sign("session", "token"),
+        st.signer.sign("session", st.creds.session_subject()),
         max_age=SESSION_TTL_SECONDS,
         httponly=True,
         samesite="strict",
@@ -855,11 +930,13 @@ class Guard(BaseHTTPMiddleware):
             )
         except RefusedRole as exc:
             response = PlainTextResponse(str(exc), 503)
-        except psycopg.OperationalError as exc:
+        except (ConnectionLost, psycopg.OperationalError) as exc:
             log.warning("web.database_unreachable", error=str(exc).strip())
             response = PlainTextResponse(
                 "the database does not answer; the page will work again once it does", 503
             )
+        except InvalidArgument as exc:
+            response = PlainTextResponse(str(exc), 400)
         return _secure(response)
 
 

@@ -78,7 +78,9 @@ def poison_page(
     at, qid, mid = cursor if cursor is not None else (None, None, None)
     return Call(
         "poison_page",
-        "SELECT * FROM pgqueue.poison_page(%s::text, %s::integer, %s::timestamptz,"
+        "SELECT queue, queue_id, msg_id, read_ct, enqueued_at, poisoned_at, reason, message,"
+        " message_chars, NULL::jsonb, capped"
+        " FROM pgqueue.poison_page(%s::text, %s::integer, %s::timestamptz,"
         " %s::timestamptz, %s::text, %s::timestamptz, %s::integer, %s::bigint, %s::integer)",
         (queue, qty, after, before, reason, at, qid, mid, scan_limit),
         lambda rows: [PoisonRow(*r) for r in rows],
@@ -128,6 +130,89 @@ def barrier_page(
         "SELECT * FROM pgqueue.list_barriers(%s::text, %s::integer, %s::timestamptz, %s::text)",
         (state, qty, at, bid),
         lambda rows: rows,
+    )
+
+
+NOW: Call[datetime] = Call("now", "SELECT clock_timestamp()", (), lambda rows: rows[0][0])
+
+
+@dataclass(frozen=True, slots=True)
+class ShownMessage:
+    """A live message as the queue page shows it: its payload as text, cut short in SQL."""
+
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    vt: datetime
+    preview: str
+    last_error: str | None
+
+    def state(self, now: datetime) -> str:
+        """visible, leased (read and hidden) or delayed (hidden, never read)."""
+        if self.vt <= now:
+            return "visible"
+        return "leased" if self.read_ct > 0 else "delayed"
+
+
+def peek_shown(queue: str, qty: int, after: int) -> Call[list[ShownMessage]]:
+    """A page of live messages; payloads never parsed here (any depth, any size)."""
+    return Call(
+        "peek",
+        "SELECT msg_id, read_ct, enqueued_at, vt, left(message::text, 300), last_error"
+        " FROM pgqueue.peek(%s, %s, %s)",
+        (queue, qty, after),
+        lambda rows: [ShownMessage(*r) for r in rows],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShownPoison:
+    """A poison message as its page shows it: payload and headers as indented text."""
+
+    queue_name: str
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    poisoned_at: datetime
+    reason: str
+    payload: str
+    payload_chars: int
+    headers: str | None
+    headers_chars: int | None
+
+
+def poison_shown(queue: str, msg_id: int, limit: int) -> Call[ShownPoison | None]:
+    """One poison message, its JSON indented and cut at limit characters by the database."""
+    return Call(
+        "poison_get",
+        "SELECT queue_name, msg_id, read_ct, enqueued_at, poisoned_at, reason,"
+        " left(jsonb_pretty(message), %s), length(jsonb_pretty(message)),"
+        " left(jsonb_pretty(headers), %s), length(jsonb_pretty(headers))"
+        " FROM pgqueue.poison_get(%s, %s)",
+        (limit, limit, queue, msg_id),
+        lambda rows: ShownPoison(*rows[0]) if rows else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShownFailure:
+    """A failed member of a barrier, with its one-line reason (its result left in SQL)."""
+
+    member_index: int
+    msg_id: int
+    outcome: str
+    reason: str
+    completed_at: datetime | None
+
+
+def failures_shown(barrier_id: str, qty: int) -> Call[list[ShownFailure]]:
+    """The first qty failed members, by index."""
+    return Call(
+        "barrier_failures",
+        "SELECT member_index, msg_id, outcome, left(reason, 1000), completed_at"
+        " FROM pgqueue.barrier_failures(%s, %s)",
+        (barrier_id, qty),
+        lambda rows: [ShownFailure(*r) for r in rows],
     )
 
 

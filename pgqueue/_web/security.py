@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 import time
@@ -26,6 +27,8 @@ from pgqueue._errors import InvalidArgument
 CSRF_TTL_SECONDS = 8 * 3600
 SESSION_TTL_SECONDS = 12 * 3600
 SESSION_COOKIE = "pgqueue_session"
+MIN_PASSWORD = 12
+TOKEN_ACTOR = "token"  # the actor of requests and sessions proven by PGQUEUE_WEB_TOKEN
 
 # The host's own authentication: the actor's name, or None to refuse.
 AuthCallable = Callable[[Request], Awaitable[str | None] | str | None]
@@ -99,6 +102,16 @@ class Credentials:
                     "PGQUEUE_WEB_BASIC_AUTH must be user:password pairs separated by commas,"
                     f" got an entry without both: {name or '(empty)'!r}"
                 )
+            if len(password) < MIN_PASSWORD:
+                raise InvalidArgument(
+                    f"PGQUEUE_WEB_BASIC_AUTH: the password of {name!r} is too short:"
+                    f" use at least {MIN_PASSWORD} characters"
+                )
+            if name == TOKEN_ACTOR:
+                raise InvalidArgument(
+                    f"PGQUEUE_WEB_BASIC_AUTH: {TOKEN_ACTOR!r} names the token's sessions in the"
+                    " logs; choose another user name"
+                )
             users[name] = password
         token = os.environ.get("PGQUEUE_WEB_TOKEN") or None
         if token is not None and len(token) < 16:
@@ -126,6 +139,11 @@ class Credentials:
         ok = hmac.compare_digest(password.encode(), (expected or secrets.token_hex(16)).encode())
         return name if ok and expected is not None else None
 
+    def session_subject(self) -> str:
+        """What a session cookie signs: the token's fingerprint; a new token ends old sessions."""
+        digest = hashlib.sha256((self.token or "").encode()).hexdigest()[:32]
+        return f"{TOKEN_ACTOR}:{digest}"
+
     def bearer(self, value: str) -> bool:
         """Whether value is the configured token."""
         return self.token is not None and hmac.compare_digest(value.encode(), self.token.encode())
@@ -139,7 +157,7 @@ async def authenticate(
         result = auth(request)
         if isinstance(result, Awaitable):
             result = await result
-        return result
+        return result or None  # an empty name proves nobody
     if not creds.configured:
         return "local"
     header = request.headers.get("authorization", "")
@@ -149,11 +167,13 @@ async def authenticate(
             return user
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and creds.bearer(value.strip()):
-            return "token"
+            return TOKEN_ACTOR
         return None
     cookie = request.cookies.get(SESSION_COOKIE)
-    if cookie:
-        return signer.verify("session", cookie, SESSION_TTL_SECONDS)
+    if cookie and creds.token is not None:
+        subject = signer.verify("session", cookie, SESSION_TTL_SECONDS)
+        if subject is not None and hmac.compare_digest(subject, creds.session_subject()):
+            return TOKEN_ACTOR
     return None
 
 
@@ -169,5 +189,10 @@ def same_origin(request: Request) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether binding to host keeps the dashboard on this machine."""
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+    """Whether binding to host keeps the dashboard on this machine (an address, or localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
