@@ -1054,6 +1054,9 @@ def create_app(
         except (psycopg.Error, PgQueueError) as exc:
             log.warning("web.snapshot_failed", error=str(exc).strip())
         yield
+        task = st.snapshot.task
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=5)  # a refresh under way ends before its pool
         if st.client is not None and st.owns_client:
             await st.client.close()
 

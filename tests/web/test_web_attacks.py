@@ -203,7 +203,11 @@ def test_an_empty_actor_from_the_host_is_refused(dsn: str, client: Client) -> No
     def forwarded(request: Request) -> str | None:
         return request.headers.get("x-forwarded-user")
 
-    host = Starlette(routes=[Mount("/ops", app=create_app(dsn, auth=forwarded, allow_owner=True))])
+    dashboard = create_app(dsn, auth=forwarded, allow_owner=True)
+    host = Starlette(
+        routes=[Mount("/ops", app=dashboard)],
+        lifespan=lambda app: dashboard.router.lifespan_context(dashboard),
+    )
     with TestClient(host) as web:
         assert web.get("/ops/", headers={"x-forwarded-user": ""}).status_code == 401
         assert web.get("/ops/", headers={"x-forwarded-user": "ann"}).status_code == 200

@@ -297,7 +297,11 @@ def test_the_app_runs_as_an_operator_and_refuses_other_roles(
 
 
 def test_mounted_under_a_path_of_the_host_app(dsn: str, seeded: Any) -> None:
-    host = Starlette(routes=[Mount("/ops/queues", app=create_app(dsn, allow_owner=True))])
+    dashboard = create_app(dsn, allow_owner=True)
+    host = Starlette(
+        routes=[Mount("/ops/queues", app=dashboard)],
+        lifespan=lambda app: dashboard.router.lifespan_context(dashboard),
+    )
     with TestClient(host) as web:
         page = web.get("/ops/queues/")
         assert page.status_code == 200
