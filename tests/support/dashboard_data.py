@@ -8,6 +8,7 @@ application would make it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pgqueue import Client, Step
@@ -77,3 +78,11 @@ def seed(client: Client) -> dict[str, Any]:
                 client.set_vt("reports", m.msg_id, 0)
     client.pause_queue("reports", actor="seed")
     return {"poisoned": poisoned, "members": members, "leased": bool(leased)}
+
+
+def hidden_fields(html: str) -> dict[str, list[str]]:
+    """A confirmation page's hidden fields, as a form to POST (repeated names kept)."""
+    form: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html):
+        form.setdefault(name, []).append(value)
+    return form

@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.testclient import TestClient
-from support.dashboard_data import seed
+from support.dashboard_data import hidden_fields, seed
 
 from pgqueue import Client, InvalidArgument
 from pgqueue.web import create_app
@@ -48,13 +48,6 @@ def _poison_many(sql: Any, queue: str, n: int, reason: str, ago: str = "1 minute
         " FROM generate_series(1, %s) g, pgqueue.queue q WHERE q.queue_name = %s",
         (ago, reason, n, queue),
     )
-
-
-def hidden_fields(html: str) -> dict[str, list[str]]:
-    form: dict[str, list[str]] = {}
-    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html):
-        form.setdefault(name, []).append(value)
-    return form
 
 
 def _unescape(text: str) -> str:

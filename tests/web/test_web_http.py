@@ -21,7 +21,7 @@ pytest.importorskip("httpx")
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
-from support.dashboard_data import IMG, SCRIPT, seed
+from support.dashboard_data import IMG, SCRIPT, hidden_fields, seed
 
 from pgqueue import Client
 from pgqueue._web.security import Signer
@@ -41,14 +41,6 @@ def web(dsn: str, seeded: dict[str, Any]) -> Iterator[TestClient]:
     """The app on the seeded database, as its owner (allowed here)."""
     with TestClient(create_app(dsn, allow_owner=True, secret="s" * 32)) as tc:
         yield tc
-
-
-def hidden_fields(html: str) -> dict[str, list[str]]:
-    """A confirmation page's hidden fields, as a form to POST (repeated names kept)."""
-    form: dict[str, list[str]] = {}
-    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html):
-        form.setdefault(name, []).append(value)
-    return form
 
 
 def csrf_of(html: str) -> str:
