@@ -93,7 +93,6 @@ class Snapshot:
 
     rows: list[queries.QueueRow] = field(default_factory=list)
     taken: float = 0.0  # time.monotonic() of the last refresh
-    taken_at: datetime | None = None
     cost: float = 0.0  # seconds the last refresh took
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None  # the refresh running behind the pages
@@ -311,7 +310,6 @@ async def refresh_snapshot(st: State, *, background: bool = False) -> None:
             snap.rows = await client.run(queries.OVERVIEW)
             snap.cost = time.monotonic() - started
             snap.taken = time.monotonic()
-            snap.taken_at = datetime.now(UTC)
             await sample(st, client)
         except (psycopg.Error, PgQueueError) as exc:
             if not background:

@@ -25,6 +25,7 @@ from pgqueue._connection import Connection
 from pgqueue._errors import InvalidMessage
 from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
+from pgqueue._worker.counting import Counts
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
 from pgqueue._worker.leases import DB_ERRORS
@@ -65,8 +66,7 @@ class Acker:
         Each message acked counts in `tally` (the registry's), when given.
         """
         self.db = db
-        self.metrics = metrics
-        self.tally = tally
+        self.count = Counts(metrics, tally)
         self.tracing = tracing
         self.inflight = inflight
         self.clock = clock
@@ -169,10 +169,7 @@ class Acker:
     def done(self, task: Task) -> None:
         """Count an acked message (and say so at DEBUG)."""
         self.handled += 1
-        if self.metrics is not None:
-            self.metrics.count(task.msg.queue, "acked")
-        if self.tally is not None:
-            self.tally.count(task.msg.queue, "acked")
+        self.count(task.msg.queue, "acked")
         if self._debug:
             message_log(self.log, task.msg).debug(
                 "message.acked", seconds=round(self.clock.now() - task.started, 3)

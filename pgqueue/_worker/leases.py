@@ -17,6 +17,7 @@ import psycopg
 from pgqueue._errors import PgQueueError, Retry
 from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
+from pgqueue._worker.counting import Counts
 from pgqueue._worker.db import WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, by_queue, message_log
 from pgqueue._worker.settings import WorkerSettings
@@ -46,8 +47,7 @@ class Leases:
     ) -> None:
         """The lease duty of one worker; nacks and poisons count in `tally`, when given."""
         self.db = db
-        self.metrics = metrics
-        self.tally = tally
+        self.count = Counts(metrics, tally)
         self.inflight = inflight
         self.settings = settings
         self.clock = clock
@@ -90,8 +90,7 @@ class Leases:
         """Our lease on the message is gone: say so once, and never touch that lease again."""
         if self.inflight.mark_lease_lost(task):  # not for a heartbeat racing our own ack
             message_log(self.log, task.msg).warning("message.lease_lost")
-            if self.metrics is not None:
-                self.metrics.count(task.msg.queue, "lease_lost")
+            self.count(task.msg.queue, "lease_lost")
 
     def release_hung(self) -> None:
         """Give back the messages whose handlers ran past the hard timeout."""
@@ -147,8 +146,8 @@ class Leases:
                 if task.msg.msg_id not in ours:
                     self.lost(task)
             released += len(back)
-            if self.metrics is not None and back:
-                self.metrics.count(queue, "released", len(back))
+            if back:
+                self.count(queue, "released", len(back))
             for task in back:
                 mlog = message_log(self.log, task.msg)
                 log = mlog.warning if task.running else mlog.debug
@@ -175,11 +174,7 @@ class Leases:
             mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
             return
         if outcome in ("retry", "poisoned"):
-            counted = "nacked" if outcome == "retry" else "poisoned"
-            if self.metrics is not None:
-                self.metrics.count(msg.queue, counted)
-            if self.tally is not None:
-                self.tally.count(msg.queue, counted)
+            self.count(msg.queue, "nacked" if outcome == "retry" else "poisoned")
         if outcome == "retry":
             mlog.warning("message.failed", error=error, retry_in=delay)
         elif outcome == "poisoned":
@@ -207,9 +202,6 @@ class Leases:
             return
         if moved:
             message_log(self.log, msg).warning("message.poisoned", reason=reason, by="handler")
-            if self.metrics is not None:
-                self.metrics.count(msg.queue, "poisoned")
-            if self.tally is not None:
-                self.tally.count(msg.queue, "poisoned")
+            self.count(msg.queue, "poisoned")
         else:
             self.lost(task)

@@ -28,6 +28,7 @@ from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.settings import WorkerSettings
 
 OUTCOMES = ("acked", "nacked", "poisoned")  # what a heartbeat reports, in its order
+_SLOT = {outcome: i for i, outcome in enumerate(OUTCOMES)}
 
 
 class Tally:
@@ -39,9 +40,12 @@ class Tally:
         self._counts: dict[str, list[int]] = {}
 
     def count(self, queue: str, outcome: str, n: int = 1) -> None:
-        """n messages of the queue were acked, nacked or poisoned."""
+        """n messages of the queue had that outcome; only acks, nacks and poisons are kept."""
+        slot = _SLOT.get(outcome)
+        if slot is None:
+            return  # a lost lease or a released prefetch: not a rate the dashboard shows
         with self._lock:
-            self._counts.setdefault(queue, [0, 0, 0])[OUTCOMES.index(outcome)] += n
+            self._counts.setdefault(queue, [0, 0, 0])[slot] += n
 
     def read_poisoned(self, queue: str) -> None:
         """A read poison-dropped a message of the queue (the client's observer)."""
