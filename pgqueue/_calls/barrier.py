@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from pgqueue._calls import (
@@ -150,11 +151,14 @@ def complete_members(
     results: Sequence[Any] | None = None,
     read_cts: Sequence[int | None] | None = None,
     traceparents: Sequence[str | None] | None = None,
+    enqueued_ats: Sequence[datetime] | None = None,
 ) -> Call[list[BarrierStatus]]:
     """Ack members and count each once; the state of every barrier they belong to.
 
     An entry with a read_ct acts only while that read's lease is current
-    (else it is left alone, and its barrier is not in the result). A
+    (else it is left alone, and its barrier is not in the result). With
+    enqueued_ats, an entry whose msg_id now names another message (handed
+    out again after a failover to an asynchronous standby) is left alone. A
     traceparent records the run that completed the member, for its
     callback's span links.
     """
@@ -163,7 +167,8 @@ def complete_members(
         "complete_members",
         "SELECT * FROM pgqueue.complete_members(%s, %s::bigint[], %s::text[],"
         f" {JSONB_ELEMENTS if results is not None else 'NULL::jsonb[]'}, %s::integer[]"
-        f"{', %s::text[]' if traced else ''})",
+        f"{', traceparents => %s::text[]' if traced else ''}"
+        f"{', enqueued_ats => %s::timestamptz[]' if enqueued_ats is not None else ''})",
         (
             queue,
             list(msg_ids),
@@ -171,6 +176,7 @@ def complete_members(
             *(() if results is None else (encode_json_list(results, "results"),)),
             None if read_cts is None else list(read_cts),
             *((list(traceparents),) if traced and traceparents is not None else ()),
+            *(() if enqueued_ats is None else (list(enqueued_ats),)),
         ),
         _statuses,
     )

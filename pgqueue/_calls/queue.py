@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from pgqueue._calls import (
@@ -237,6 +238,24 @@ def archive_many(queue: str, msg_ids: Sequence[int]) -> Call[list[int]]:
         "archive",
         "SELECT * FROM pgqueue.archive(%s, %s::bigint[])",
         (queue, list(msg_ids)),
+        column,
+    )
+
+
+def ack_fenced(
+    queue: str, mode: str, msg_ids: Sequence[int], enqueued_ats: Sequence[datetime]
+) -> Call[list[int]]:
+    """Ack (by "delete" or "archive") each message only while its id names it; the acked ids.
+
+    A message is named by its msg_id and enqueued_at together: an id handed
+    out again after a failover to an asynchronous standby is left alone.
+    """
+    if mode not in ("delete", "archive"):
+        raise ValueError(f"ack mode must be 'delete' or 'archive', got {mode!r}")
+    return Call(
+        mode,
+        f"SELECT * FROM pgqueue.{mode}(%s, %s::bigint[], %s::timestamptz[])",
+        (queue, list(msg_ids), list(enqueued_ats)),
         column,
     )
 

@@ -149,14 +149,15 @@ class Acker:
     ) -> None:
         """Ack finished messages of one queue and kind in one statement (on conn, if given)."""
         ids = [t.msg.msg_id for t, _ in items]
+        stamps = [t.msg.enqueued_at for t, _ in items]
         results = [self._json_or_none(t.msg, r) for t, r in items] if member else []
         if self.tracing is None:
-            self.db.ack(queue, member, ids, results, conn)
+            self.db.ack(queue, member, ids, stamps, results, conn)
             return
         runs = [t.trace for t, _ in items]
         call = "complete_members" if member else self.db.ack_mode
         with self.tracing.settle(queue, call, runs):
-            self.db.ack(queue, member, ids, results, conn, runs if member else None)
+            self.db.ack(queue, member, ids, stamps, results, conn, runs if member else None)
 
     def ack_in(self, conn: Connection, items: list[Done]) -> None:
         """Ack in a handler's transaction, grouped by kind (the handler's writes commit with it)."""

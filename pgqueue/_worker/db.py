@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from pgqueue._calls import barrier as _barrier
@@ -69,24 +70,31 @@ class WorkerDb:
         queue: str,
         member: bool,
         msg_ids: Sequence[int],
+        enqueued_ats: Sequence[datetime],
         results: Sequence[Any],
         conn: Connection | None = None,
         traceparents: Sequence[str | None] | None = None,
     ) -> None:
         """Ack messages of one queue in one statement: members are completed with their results.
 
-        A member's traceparent (the run that completed it, when traced) is
-        kept for its callback's span links.
+        Each message is fenced by its enqueued_at: an id handed out again
+        after a failover to an asynchronous standby is left alone. A member's
+        traceparent (the run that completed it, when traced) is kept for its
+        callback's span links.
         """
         if member:
             call = _barrier.complete_members(
-                queue, msg_ids, ["succeeded"] * len(msg_ids), results, None, traceparents
+                queue,
+                msg_ids,
+                ["succeeded"] * len(msg_ids),
+                results,
+                None,
+                traceparents,
+                enqueued_ats,
             )
             self.client.run(call, conn)
-        elif self.ack_mode == "archive":
-            self.client.archive_many(queue, msg_ids, conn=conn)
         else:
-            self.client.delete_many(queue, msg_ids, conn=conn)
+            self.client.run(_queue.ack_fenced(queue, self.ack_mode, msg_ids, enqueued_ats), conn)
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:

@@ -828,13 +828,19 @@ $$;
 -- failures ('failed' speaks for one attempt, and the current holder may
 -- still succeed); a success may go unfenced. The statuses returned are those
 -- of the barriers of the entries that acted.
+-- complete_members with enqueued_ats: an entry with one is left alone while
+-- a live message holds its msg_id with another enqueued_at (an id handed out
+-- again after an asynchronous standby was promoted; see delete(text,
+-- bigint[], timestamptz[])). With the message gone, its member was counted
+-- when it went, and completing it again changes nothing.
 CREATE FUNCTION pgqueue.complete_members(
     queue_name text,
     msg_ids bigint[],
     outcomes text[] DEFAULT NULL,
     results jsonb[] DEFAULT NULL,
     read_cts integer[] DEFAULT NULL,
-    traceparents text[] DEFAULT NULL
+    traceparents text[] DEFAULT NULL,
+    enqueued_ats timestamptz[] DEFAULT NULL
 ) RETURNS SETOF pgqueue.barrier_status
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -848,6 +854,7 @@ DECLARE
     v_outcomes text[];
     v_results jsonb[];
     v_traces text[];
+    v_read_cts integer[] := complete_members.read_cts;
     v_tids tid[];
     v_bad text;
 BEGIN
@@ -858,8 +865,9 @@ BEGIN
     v_results := coalesce(complete_members.results, array_fill(NULL::jsonb, ARRAY[v_n]));
     v_traces := coalesce(complete_members.traceparents, array_fill(NULL::text, ARRAY[v_n]));
     IF cardinality(v_outcomes) <> v_n OR cardinality(v_results) <> v_n
-       OR cardinality(complete_members.read_cts) <> v_n OR cardinality(v_traces) <> v_n THEN
-        RAISE EXCEPTION 'msg_ids, outcomes, results, read_cts and traceparents must have the same length'
+       OR cardinality(complete_members.read_cts) <> v_n OR cardinality(v_traces) <> v_n
+       OR cardinality(complete_members.enqueued_ats) <> v_n THEN
+        RAISE EXCEPTION 'msg_ids, outcomes, results, read_cts, traceparents and enqueued_ats must have the same length'
             USING ERRCODE = '22023';
     END IF;
     PERFORM pgqueue._require_traceparent('traceparents[' || t.i || ']', t.tp)
@@ -877,14 +885,35 @@ BEGIN
     PERFORM (SELECT 1 FROM pgqueue.message m
               WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
        FROM (SELECT DISTINCT i FROM unnest(v_ids) AS i ORDER BY i) AS u (id);
-    IF complete_members.read_cts IS NOT NULL THEN
+    IF complete_members.enqueued_ats IS NOT NULL THEN
+        -- The rows are locked: what this sees holds until we commit.
+        SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.outcome ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.result ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.tp ORDER BY u.ord), '{}'),
+               CASE WHEN complete_members.read_cts IS NOT NULL
+                    THEN coalesce(array_agg(u.read_ct ORDER BY u.ord), '{}') END
+          INTO v_ids, v_outcomes, v_results, v_traces, v_read_cts
+          FROM unnest(v_ids, v_outcomes, v_results, v_traces, complete_members.enqueued_ats,
+                      coalesce(complete_members.read_cts, array_fill(NULL::integer, ARRAY[v_n])))
+               WITH ORDINALITY AS u (msg_id, outcome, result, tp, enqueued_at, read_ct, ord)
+         WHERE u.enqueued_at IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pgqueue.message m
+                            WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id
+                              AND m.enqueued_at <> u.enqueued_at);
+        v_n := cardinality(v_ids);
+        IF v_n = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF v_read_cts IS NOT NULL THEN
         -- The rows are locked: what this sees holds until we commit.
         SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
                coalesce(array_agg(u.outcome ORDER BY u.ord), '{}'),
                coalesce(array_agg(u.result ORDER BY u.ord), '{}'),
                coalesce(array_agg(u.tp ORDER BY u.ord), '{}')
           INTO v_ids, v_outcomes, v_results, v_traces
-          FROM unnest(complete_members.msg_ids, v_outcomes, v_results, complete_members.read_cts, v_traces)
+          FROM unnest(v_ids, v_outcomes, v_results, v_read_cts, v_traces)
                WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, tp, ord)
          WHERE u.read_ct IS NULL
             OR (SELECT m.read_ct FROM pgqueue.message m

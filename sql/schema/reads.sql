@@ -159,6 +159,87 @@ BEGIN
 END
 $$;
 
+-- Raises unless msg_ids and enqueued_ats are both given and pair up.
+CREATE FUNCTION pgqueue._require_pairs(msg_ids bigint[], enqueued_ats timestamptz[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF msg_ids IS NULL OR enqueued_ats IS NULL THEN
+        RAISE EXCEPTION 'msg_ids and enqueued_ats must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF cardinality(msg_ids) <> cardinality(enqueued_ats) THEN
+        RAISE EXCEPTION 'msg_ids and enqueued_ats must have the same length (% and %)',
+            cardinality(msg_ids), cardinality(enqueued_ats)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Acks many messages, each only while it is the message its reader was given:
+-- the same msg_id and the same enqueued_at (which no write changes). An id
+-- handed out again cannot be acked by a reader of the first message with that
+-- id: a sequence's advance is WAL-logged ahead of the sends that use it, so
+-- after an asynchronous standby is promoted, the ids of the sends it never
+-- received are handed out again, and an unfenced ack retried across that
+-- failover would remove the new message. Locked and removed as delete does.
+-- The worker acks this way (docs/deploy.md, "HA and failover").
+CREATE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[], enqueued_ats timestamptz[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+    v_tids tid[];
+BEGIN
+    PERFORM pgqueue._require_pairs(delete.msg_ids, delete.enqueued_ats);
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.enqueued_at = u.at
+                   FOR UPDATE)
+          FROM (SELECT DISTINCT i, e FROM unnest(delete.msg_ids, delete.enqueued_ats) AS x (i, e)
+                 ORDER BY i) AS u (id, at));
+    RETURN QUERY
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids) RETURNING m.msg_id;
+END
+$$;
+
+-- Acks many messages by archiving them, fenced by enqueued_at as the
+-- delete above.
+CREATE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[], enqueued_ats timestamptz[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(archive.queue_name);
+    v_tids tid[];
+BEGIN
+    PERFORM pgqueue._require_pairs(archive.msg_ids, archive.enqueued_ats);
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.enqueued_at = u.at
+                   FOR UPDATE)
+          FROM (SELECT DISTINCT i, e FROM unnest(archive.msg_ids, archive.enqueued_ats) AS x (i, e)
+                 ORDER BY i) AS u (id, at));
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
+        RETURNING m.*
+    ), kept AS (
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k;
+END
+$$;
+
 CREATE FUNCTION pgqueue._list_backdated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

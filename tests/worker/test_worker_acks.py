@@ -100,3 +100,43 @@ def test_a_worker_held_back_by_its_acks_reads_again_when_they_land_not_at_its_ne
         finally:
             w.stop()
             t.join(30)
+
+
+def test_an_ack_retried_onto_a_promoted_async_standby_leaves_a_reused_id_alone(
+    dsn: str, client: Client, monkeypatch: Any
+) -> None:
+    # Acted out on one server: while the handler runs, its message's send is
+    # "lost" (the row goes, and the queue's sequence is set back), and a new
+    # send takes the same msg_id, as on a promoted asynchronous standby.
+    monkeypatch.setenv("PGQUEUE_DSN", dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(worker_app.SCHEMA)
+    client.create_queue("jobs", max_attempts=5)
+    first = client.send("jobs", {"n": 1, "sleep": 1.5})
+    settings = WorkerSettings(queues=("jobs",), vt=30, concurrency=1, poll_interval=0.1)
+    with Client.from_dsn(dsn, max_size=settings.pool_size) as wc:
+        w = Worker(worker_app.app, wc, settings)
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        try:
+            wait_until(lambda: count(dsn, "start") == 1)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("DELETE FROM pgqueue.message WHERE msg_id = %s", (first,))
+                conn.execute(
+                    "SELECT setval(msg_seq, %s, false) FROM pgqueue.queue"
+                    " WHERE queue_name = 'jobs'",
+                    (first,),
+                )
+            again = client.send("jobs", {"n": 2}, delay=3)  # not read before the first ack
+            assert again == first
+            wait_until(lambda: count(dsn, "done") == 2, timeout=30)
+            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=30)
+        finally:
+            w.stop()
+            t.join(30)
+    with psycopg.connect(dsn) as conn:
+        runs = conn.execute(
+            "SELECT read_ct FROM handled WHERE event = 'done' ORDER BY at"
+        ).fetchall()
+    # the new message was handled (read once), not acked by the first one's ack
+    assert runs == [(1,), (1,)]
