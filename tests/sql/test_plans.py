@@ -20,6 +20,9 @@ import pytest
 
 QUEUE = "plans"
 EXTEND = "SELECT * FROM pgqueue.extend_leases(%s, %s::bigint[], %s::integer[], 30)"
+READ = "SELECT msg_id, read_ct, enqueued_at FROM pgqueue.read(%s, 30, 10)"
+# the worker's ack: fenced by enqueued_at (0021)
+ACK = "SELECT * FROM pgqueue.delete(%s, %s::bigint[], %s::timestamptz[])"
 
 
 def churn(dsn: str, n: int) -> None:
@@ -93,19 +96,18 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
         conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
         conn.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,))
         # first calls: the generic plans are made now, on a tiny table
-        rows = conn.execute("SELECT msg_id, read_ct FROM pgqueue.read(%s, 30, 10)", (QUEUE,))
-        ids, cts = map(list, zip(*rows.fetchall(), strict=True))
+        rows = conn.execute(READ, (QUEUE,))
+        ids, cts, ats = map(list, zip(*rows.fetchall(), strict=True))
         conn.execute(EXTEND, (QUEUE, ids, cts))
-        conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+        conn.execute(ACK, (QUEUE, ids, ats))
         churn(dsn, 30_000)
-        rows, read_plans = explained(
-            conn, "SELECT msg_id, read_ct FROM pgqueue.read(%s, 30, 10)", (QUEUE,)
-        )
-        ids, cts = map(list, zip(*rows, strict=True))
+        rows, read_plans = explained(conn, READ, (QUEUE,))
+        ids, cts, ats = map(list, zip(*rows, strict=True))
         assert len(ids) == 10
         extended, beat_plans = explained(conn, EXTEND, (QUEUE, ids, cts))
         assert sorted(extended) == sorted((i, True) for i in ids)
-        _, ack_plans = explained(conn, "SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+        acked, ack_plans = explained(conn, ACK, (QUEUE, ids, ats))
+        assert sorted(acked) == sorted((i,) for i in ids)
     for plan in read_plans + beat_plans + ack_plans:
         assert "Seq Scan on message" not in plan, plan
         assert "Bitmap" not in plan or "message" not in plan, plan
