@@ -24,6 +24,7 @@ from pgqueue._connection import (
     AsyncConnection,
     Observers,
     PoolSpec,
+    drop_broken_async,
     raise_translated,
     run_on_async_pool,
 )
@@ -117,9 +118,17 @@ class AsyncClient(
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A pooled connection (autocommit) for the caller's own transaction work."""
+        """A pooled connection (autocommit) for the caller's own transaction work.
+
+        A connection that dies or turns out to be on a read-only server inside
+        the block is closed, not given back to the pool for the next caller.
+        """
         async with self.pool.connection() as conn:
-            yield conn
+            try:
+                yield conn
+            except Exception as exc:
+                await drop_broken_async(self.pool, conn, exc)
+                raise
 
     async def run(self, call: Call[T], conn: AsyncConnection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""

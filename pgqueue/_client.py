@@ -23,6 +23,7 @@ from pgqueue._connection import (
     Connection,
     Observers,
     PoolSpec,
+    drop_broken,
     raise_translated,
     run_on_pool,
 )
@@ -125,9 +126,17 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi, Workflo
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A pooled connection (autocommit) for the caller's own transaction work."""
+        """A pooled connection (autocommit) for the caller's own transaction work.
+
+        A connection that dies or turns out to be on a read-only server inside
+        the block is closed, not given back to the pool for the next caller.
+        """
         with self.pool.connection() as conn:
-            yield conn
+            try:
+                yield conn
+            except Exception as exc:
+                drop_broken(self.pool, conn, exc)
+                raise
 
     def run(self, call: Call[T], conn: Connection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""

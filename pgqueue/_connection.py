@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,11 +21,18 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue._calls import Call
 from pgqueue._errors import ConnectionLost, InvalidArgument, translate
-from pgqueue._retry import NO_RETRY, RetryPolicy, is_dead_connection, is_server_not_ready
+from pgqueue._retry import (
+    NO_RETRY,
+    RetryPolicy,
+    is_dead_connection,
+    is_read_only_server,
+    is_server_not_ready,
+)
 from pgqueue._settings import (
     Unset,
     connect_failed,
     describe_dsn,
+    dsn_hosts,
     prepare_threshold_from_env,
     require_dsn,
 )
@@ -60,6 +67,13 @@ def raise_translated(
 
     `role`, the login role of the connection, is named in a permission error.
     """
+    if is_read_only_server(exc):
+        raise ConnectionLost(
+            f"{what}: reached a read-only server at {dsn_label} (a standby after a failover?)"
+            f" and could not get a read-write one ({str(exc).strip() or type(exc).__name__});"
+            " list every node in the DSN with target_session_attrs=read-write"
+            " (host=a,b port=5432,5432 target_session_attrs=read-write), then call again"
+        ) from exc
     if is_dead_connection(exc):
         raise ConnectionLost(
             f"{what}: lost the connection to {dsn_label} and could not get a working one"
@@ -92,6 +106,9 @@ class Observers:
     retried: list[Callable[[str], None]] = field(default_factory=list)
     # the queue, once per read that found it paused (reported by NOTICE)
     read_paused: list[Callable[[str], None]] = field(default_factory=list)
+    # when (time.monotonic()) and why the pool last refused a connection to a
+    # read-only server: a call that then timed out waiting for one says so
+    refused_read_only: tuple[float, str] | None = None
 
     def retry(self, what: str) -> None:
         """Tell every retry observer."""
@@ -157,6 +174,75 @@ def notice_handler(observers: Observers) -> Callable[[psycopg.errors.Diagnostic]
     return handle
 
 
+def _log_hosts(dsn: str, label: str) -> None:
+    """Log a multi-host DSN once, warning when libpq may settle on a standby among its hosts."""
+    hosts = dsn_hosts(dsn)
+    if len(hosts) < 2:
+        return
+    try:
+        attrs = psycopg.conninfo.conninfo_to_dict(dsn).get("target_session_attrs")
+    except psycopg.ProgrammingError:
+        return
+    if attrs in ("read-write", "primary"):
+        log.info("dsn.multi_host", dsn=label, hosts=hosts, target_session_attrs=attrs)
+        return
+    # Without it libpq keeps the first host that answers, a standby included,
+    # and every write there fails with 25006 until the pool drops it.
+    log.warning(
+        "dsn.multi_host",
+        dsn=label,
+        hosts=hosts,
+        target_session_attrs=attrs or "any",
+        advice="add target_session_attrs=read-write so connections go to the primary only",
+    )
+
+
+def _read_only_reason(conn: Connection | AsyncConnection) -> str | None:
+    """Why a connection cannot write, from what the server reported at login (no round trip).
+
+    Both parameters are reported by PostgreSQL 14 and later, and again when
+    they change (a promotion, a reload); an older server reports neither
+    (None, accepted).
+    """
+    info = conn.info
+    if info.parameter_status("in_hot_standby") == "on":
+        return "the server is a hot standby"
+    if info.parameter_status("default_transaction_read_only") == "on":
+        return "the server's default_transaction_read_only is on"
+    return None
+
+
+def _refused(conn: Connection | AsyncConnection, observers: Observers) -> str | None:
+    reason = _read_only_reason(conn)
+    if reason is not None:
+        observers.refused_read_only = (time.monotonic(), reason)
+    return reason
+
+
+def reject_read_only(observers: Observers) -> Callable[[Connection], None]:
+    """The pool's check: a connection to a read-only server is closed (discarded), not served."""
+
+    def check(conn: Connection) -> None:
+        reason = _refused(conn, observers)
+        if reason is not None:
+            conn.close()
+            raise psycopg.OperationalError(f"connection rejected: {reason}")
+
+    return check
+
+
+def reject_read_only_async(observers: Observers) -> Callable[[AsyncConnection], Awaitable[None]]:
+    """The async pool's check, as reject_read_only."""
+
+    async def check(conn: AsyncConnection) -> None:
+        reason = _refused(conn, observers)
+        if reason is not None:
+            await conn.close()
+            raise psycopg.OperationalError(f"connection rejected: {reason}")
+
+    return check
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     """How both clients open their pool: one place, so the two cannot drift."""
@@ -195,6 +281,7 @@ class PoolSpec:
                 f"pool sizes must satisfy 0 <= min_size <= max_size and max_size >= 1,"
                 f" got min_size={min_size} max_size={max_size}"
             )
+        _log_hosts(resolved.value, resolved.label)
         kwargs = {
             "autocommit": True,
             "connect_timeout": max(1, int(connect_timeout)),
@@ -234,6 +321,7 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure,
+            check=reject_read_only(observers),
             timeout=self.POOL_WAIT,
             reconnect_timeout=self.RECONNECT_FOR,
             open=False,
@@ -253,6 +341,7 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure_async,
+            check=reject_read_only_async(observers),
             timeout=self.POOL_WAIT,
             reconnect_timeout=self.RECONNECT_FOR,
             open=False,
@@ -332,6 +421,81 @@ def connect_refusal(conninfo: str, connect_timeout: int = 2) -> ConnectionLost |
         return connect_failed(describe_dsn(conninfo), None, exc, attempts=1, elapsed=elapsed)
 
 
+def _drain(pool: ConnectionPool[Connection]) -> None:
+    """Replace every connection of the pool (those in use when they come back)."""
+    drain = getattr(pool, "drain", None)
+    if drain is not None:
+        drain()  # psycopg_pool 3.3+
+    else:
+        pool.check()
+
+
+async def _drain_async(pool: AsyncConnectionPool[AsyncConnection]) -> None:
+    drain = getattr(pool, "drain", None)
+    if drain is not None:
+        await drain()
+    else:
+        await pool.check()
+
+
+def drop_broken(pool: ConnectionPool[Connection], conn: Connection, exc: BaseException) -> None:
+    """After an error on a pooled connection: close it if dead or read-only, never give it back.
+
+    A connection to a read-only server is IDLE after its error, so the pool
+    would serve it again; and its idle siblings probably point at the same
+    node, so they are replaced too. `exc` may be the ConnectionLost that a
+    call on the connection raised for such an error.
+    """
+    exc = _database_error(exc)
+    if is_read_only_server(exc):
+        conn.close()
+        _drain(pool)
+    elif is_dead_connection(exc):
+        conn.close()
+
+
+async def drop_broken_async(
+    pool: AsyncConnectionPool[AsyncConnection], conn: AsyncConnection, exc: BaseException
+) -> None:
+    """The asyncio twin of drop_broken."""
+    exc = _database_error(exc)
+    if is_read_only_server(exc):
+        await conn.close()
+        await _drain_async(pool)
+    elif is_dead_connection(exc):
+        await conn.close()
+
+
+def _database_error(exc: BaseException) -> BaseException:
+    """The error itself, or for a ConnectionLost the database error it translated."""
+    if isinstance(exc, ConnectionLost) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+def _last_word(
+    last: psycopg.Error,
+    read_only: psycopg.Error | None,
+    observers: Observers | None,
+    started: float,
+) -> psycopg.Error:
+    """The error a failed call is reported by: a read-only server it met beats a pool timeout.
+
+    The pool's check refuses connections to a read-only server, so the last
+    attempt often ends in a PoolTimeout that says nothing of why.
+    """
+    if not is_dead_connection(last) or is_read_only_server(last):
+        return last
+    if read_only is not None:
+        return read_only
+    refused = observers.refused_read_only if observers is not None else None
+    if refused is not None and refused[0] >= started:
+        return psycopg.errors.ReadOnlySqlTransaction(
+            f"the pool refused every connection it opened: {refused[1]}"
+        )
+    return last
+
+
 def run_on_pool(
     pool: ConnectionPool[Connection],
     call: Call[T],
@@ -341,7 +505,13 @@ def run_on_pool(
     conn: Connection | None = None,
     observers: Observers | None = None,
 ) -> T:
-    """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+    """Execute a call: on `conn` as is, or on the pool, retried on dead connections only.
+
+    A connection to a read-only server (is_read_only_server) is closed, the
+    pool's idle ones are replaced, and the call is retried on a fresh one.
+    """
+    read_only: psycopg.Error | None = None
+    started = time.monotonic()
     try:
         if conn is not None:
             # The caller's transaction: retrying here could split it, so never.
@@ -352,15 +522,27 @@ def run_on_pool(
             with attempt:
                 try:
                     with pool.connection() as pooled:
-                        return execute(pooled, call)
-                except psycopg.OperationalError as exc:
-                    if is_dead_connection(exc):
+                        try:
+                            return execute(pooled, call)
+                        except psycopg.Error as exc:
+                            if is_read_only_server(exc):
+                                # Its status is IDLE: given back as is, the pool
+                                # would serve it again. Closed, it is discarded.
+                                pooled.close()
+                            raise
+                except psycopg.Error as exc:
+                    if is_read_only_server(exc):
+                        read_only = exc
+                        # Every idle connection probably points at the same
+                        # node (a failover, a flipped endpoint): replace them.
+                        _drain(pool)
+                    elif is_dead_connection(exc):
                         # Other idle connections likely died with this one
                         # (server restart, PgBouncer reap): drop them now.
                         pool.check()
                     raise
     except psycopg.Error as exc:
-        raise_translated(exc, call.name, label, role)
+        raise_translated(_last_word(exc, read_only, observers, started), call.name, label, role)
         raise
     raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -375,6 +557,8 @@ async def run_on_async_pool(
     observers: Observers | None = None,
 ) -> T:
     """The asyncio twin of run_on_pool."""
+    read_only: psycopg.Error | None = None
+    started = time.monotonic()
     try:
         if conn is not None:
             return await execute_async(conn, call)
@@ -384,12 +568,20 @@ async def run_on_async_pool(
             with attempt:
                 try:
                     async with pool.connection() as pooled:
-                        return await execute_async(pooled, call)
-                except psycopg.OperationalError as exc:
-                    if is_dead_connection(exc):
+                        try:
+                            return await execute_async(pooled, call)
+                        except psycopg.Error as exc:
+                            if is_read_only_server(exc):
+                                await pooled.close()
+                            raise
+                except psycopg.Error as exc:
+                    if is_read_only_server(exc):
+                        read_only = exc
+                        await _drain_async(pool)
+                    elif is_dead_connection(exc):
                         await pool.check()
                     raise
     except psycopg.Error as exc:
-        raise_translated(exc, call.name, label, role)
+        raise_translated(_last_word(exc, read_only, observers, started), call.name, label, role)
         raise
     raise AssertionError("unreachable: tenacity re-raises the last error")

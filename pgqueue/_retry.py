@@ -17,9 +17,39 @@ log = structlog.get_logger("pgqueue")
 # timeout) would fail again the same way, so it is never retried.
 _DEAD_STATES = frozenset({"57P01", "57P02", "57P03"})
 
+# 25006 read_only_sql_transaction: every write on a standby, or on a primary
+# turned read-only without closing its sockets (an Aurora-style cluster
+# endpoint that flipped roles: riverqueue/river #1225). It is an InternalError,
+# not an OperationalError, so it needs naming here.
+_READ_ONLY_STATE = "25006"
+# 0A000 feature_not_supported is also what a standby says about an UNLOGGED
+# table (pgqueue.worker, pgqueue.waiter): "cannot access temporary or unlogged
+# relations during recovery". Only that text counts: 0A000 is otherwise a bug.
+_UNSUPPORTED_STATE = "0A000"
+
+
+def is_read_only_server(exc: BaseException) -> bool:
+    """True when the server answered but cannot write: a standby, or a primary turned read-only.
+
+    A routing signal, not a bad statement: the same call succeeds on the
+    read-write node, so the connection is dropped and the call retried.
+    """
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate == _READ_ONLY_STATE:
+        return True
+    return exc.sqlstate == _UNSUPPORTED_STATE and "during recovery" in str(exc).lower()
+
 
 def is_dead_connection(exc: BaseException) -> bool:
-    """True when the error means the connection (or the server) went away, not the statement."""
+    """True when the error means the connection (or the server) went away, not the statement.
+
+    A connection to a read-only server counts as dead (is_read_only_server):
+    it may answer, but never for a write until it is dropped for one to the
+    read-write node.
+    """
+    if is_read_only_server(exc):
+        return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
@@ -50,6 +80,10 @@ _NOT_READY = (
     "no route to host",
     "sorry, too many clients already",
     "remaining connection slots are reserved",
+    # libpq with target_session_attrs=read-write (or primary) meeting only
+    # standbys: in a failover the new primary is seconds away.
+    "session is read-only",
+    "server is in hot standby mode",
 )
 
 

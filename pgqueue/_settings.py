@@ -244,16 +244,34 @@ def connect_failed(
     return ConnectionLost(f"{primary}; check the DSN{src}", what=primary)
 
 
+def dsn_hosts(dsn: str) -> list[str]:
+    """Every host:port the DSN names, in libpq's order ([] for a DSN that does not parse).
+
+    libpq pairs the comma-separated hosts and ports by position; a single
+    port applies to every host, and an empty entry is the default.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return []
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return [
+        f"{host or 'localhost'}:{port or 5432}"
+        for host, port in zip(hosts, ports + [""] * (len(hosts) - len(ports)), strict=False)
+    ]
+
+
 def describe_dsn(dsn: str) -> str:
-    """The DSN without its password, for messages and logs."""
+    """The DSN without its password, for messages and logs: user@h1:p1,h2:p2/db."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparseable DSN>"
-    params.pop("password", None)
-    host = params.get("host") or "localhost"
-    port = params.get("port") or 5432
-    return f"{params.get('user', '')}@{host}:{port}/{params.get('dbname', '')}".lstrip("@")
+    where = ",".join(dsn_hosts(dsn))
+    return f"{params.get('user', '')}@{where}/{params.get('dbname', '')}".lstrip("@")
 
 
 class Unset:

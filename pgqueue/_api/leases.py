@@ -60,14 +60,14 @@ class LeaseApi(SyncRunner):
                             pass
                 finally:
                     execute(conn, _queue.unlisten(queue))
-        except psycopg.OperationalError as exc:
-            if not is_dead_connection(exc):
-                raise
-            # The wait is only an optimisation: a dead connection counts as a wake-up.
-            log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
         except psycopg.Error as exc:
-            self._raise(exc, "read_or_wait")
-            raise
+            if not is_dead_connection(exc):
+                self._raise(exc, "read_or_wait")
+                raise
+            # The wait is only an optimisation: a dead connection, or one to a
+            # server turned read-only (a standby cannot LISTEN), counts as a
+            # wake-up; the read after it retries on a fresh connection.
+            log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
         return got or self.read(queue, vt=vt, qty=qty)
 
     def pop(self, queue: str, *, qty: int = 1, conn: Connection | None = None) -> list[Message]:
@@ -174,13 +174,11 @@ class AsyncLeaseApi(AsyncRunner):
                             pass
                 finally:
                     await execute_async(conn, _queue.unlisten(queue))
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not is_dead_connection(exc):
+                self._raise(exc, "read_or_wait")
                 raise
             log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
-        except psycopg.Error as exc:
-            self._raise(exc, "read_or_wait")
-            raise
         return got or await self.read(queue, vt=vt, qty=qty)
 
     async def pop(

@@ -11,6 +11,12 @@ import click
 
 from pgqueue._cli._common import connection_options, expected_errors, fail, open_client
 from pgqueue._cli._main import main
+from pgqueue._retry import RetryPolicy
+
+# A scrape must answer within Prometheus's scrape timeout (10 s by default),
+# saying the database is away (pgqueue_exporter_scrape_success 0), rather than
+# wait out a failover in the retry policy and be cut off, no answer at all.
+SCRAPE_RETRY = RetryPolicy(attempts=2, deadline_seconds=2.0, max_wait_seconds=0.2)
 
 
 @main.command()
@@ -36,6 +42,7 @@ def exporter(port: int, addr: str, dsn: str | None, connect_timeout: float) -> N
         stop.set()
 
     with expected_errors(), open_client(dsn, connect_timeout) as client:
+        client.retry = SCRAPE_RETRY
         try:
             server = serve_registry(exporter_registry(client.run), port, addr)
         except OSError as exc:

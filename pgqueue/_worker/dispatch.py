@@ -14,7 +14,10 @@ import collections
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pgqueue._errors import InvalidArgument, Poison, Retry
+import psycopg
+
+from pgqueue._errors import ConnectionLost, InvalidArgument, Poison, Retry
+from pgqueue._retry import is_dead_connection
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import Handler
 from pgqueue._worker.clock import Clock
@@ -33,6 +36,21 @@ EXPIRED = "its lease ran out while it waited (the worker was stalled)"
 
 class LeaseLost(Exception):
     """Our lease on a message was taken over: roll back what its handler wrote."""
+
+
+class DatabaseLost(Exception):
+    """A transactional run's connection died or reached a read-only server: not the handler's fault.
+
+    Its writes and its ack were rolled back together; the messages go back
+    at once, with no nack (no backoff, and no poisoning on a last attempt).
+    """
+
+
+def _lost_database(exc: BaseException) -> bool:
+    """Whether a transactional run failed because its connection did (a failover, a restart)."""
+    if isinstance(exc, ConnectionLost):  # a call on the run's connection, translated
+        return True
+    return isinstance(exc, psycopg.Error) and is_dead_connection(exc)
 
 
 class Dispatcher:
@@ -156,6 +174,10 @@ class Dispatcher:
             if span is not None:
                 span.note("pgqueue.outcome", "lease_lost")
             self.leases.lost(task)  # rolled back: the handler's writes are the new holder's
+        except DatabaseLost as exc:
+            if span is not None:
+                span.failed(exc)
+            self._give_back([task], exc)
         except Poison as exc:
             if span is not None:
                 span.failed(exc)
@@ -211,6 +233,10 @@ class Dispatcher:
                 span.note("pgqueue.outcome", "lease_lost")
             for task in tasks:
                 self.leases.lost(task)
+        except DatabaseLost as exc:
+            if span is not None:
+                span.failed(exc)
+            self._give_back(tasks, exc)
         except Poison as exc:
             if span is not None:
                 span.failed(exc)
@@ -253,21 +279,32 @@ class Dispatcher:
         """Run the handler and ack in one transaction: its writes commit once, or not at all.
 
         Not retried on a dead connection: if the commit did not happen, the
-        handler's writes and the ack were rolled back together and the messages
-        come back after their vt. Acks are not fenced (a finished run may ack),
+        handler's writes and the ack were rolled back together, and the
+        messages are given back now without a nack (DatabaseLost): a failover
+        is not the handler's failure. Acks are not fenced (a finished run may ack),
         so the leases are locked first: a run that lost its lease to another
         reader (it stalled past its vt) rolls back instead of committing its
         writes a second time.
         """
-        with self.db.transaction() as conn:
-            results = handle(conn)
-            if any(t.abandoned for t in tasks):
-                raise Retry("abandoned by the runtime")
-            if not self.db.hold(tasks[0].msg.queue, [t.msg for t in tasks], conn):
-                raise LeaseLost
-            self.acker.ack_in(conn, list(zip(tasks, results, strict=True)))
+        try:
+            with self.db.transaction() as conn:
+                results = handle(conn)
+                if any(t.abandoned for t in tasks):
+                    raise Retry("abandoned by the runtime")
+                if not self.db.hold(tasks[0].msg.queue, [t.msg for t in tasks], conn):
+                    raise LeaseLost
+                self.acker.ack_in(conn, list(zip(tasks, results, strict=True)))
+        except (psycopg.Error, ConnectionLost) as exc:
+            if _lost_database(exc):
+                raise DatabaseLost(str(exc).strip() or type(exc).__name__) from exc
+            raise
         for task in tasks:
             self.acker.done(task)
+
+    def _give_back(self, tasks: list[Task], exc: DatabaseLost) -> None:
+        """Give back the messages of a run whose connection failed (failover), uncounted."""
+        live = [t for t in tasks if not t.abandoned and not t.lease_lost]
+        self.leases.give_back_many(live, f"the database connection failed: {exc}")
 
     def _call(self, handler: Handler, arg: Message | list[Message]) -> Any:
         """The handler's return value: called in this thread, or awaited on the event loop."""

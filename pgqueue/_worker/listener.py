@@ -6,6 +6,7 @@ the resume of that queue does (its notification's payload is 'resumed').
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any
@@ -18,6 +19,9 @@ from pgqueue._worker.pauses import Pauses
 
 # The payload of resume_queue's notification (a send's is empty).
 RESUMED = "resumed"
+# An idle worker whose LISTEN connection failed tries a new one within this
+# many seconds (jittered, so the workers of a fleet do not reconnect at once).
+RECONNECT_WITHIN = 1.0
 
 
 class Listener:
@@ -58,9 +62,18 @@ class Listener:
                     if self._wakes(note.channel, note.payload):
                         return
         except psycopg.Error as exc:
-            self.log.warning("listen.failed", error=str(exc).strip(), fallback="polling")
+            # Whatever broke it (a restart, a failover, a standby that cannot
+            # LISTEN: 25006), a new connection is tried within a second, not a
+            # poll interval: wake-ups are what an idle worker lives on. It goes
+            # through registered=False, so the caller reads once more and finds
+            # sends made meanwhile (the waiter table is UNLOGGED: a new primary
+            # has none of our rows, so registering again is required).
             self.close()
-            self.stopping.wait(timeout)
+            retry_in = min(timeout, RECONNECT_WITHIN) * random.uniform(0.5, 1.0)
+            self.log.warning(
+                "listen.reconnecting", error=str(exc).strip(), retry_in=round(retry_in, 3)
+            )
+            self.stopping.wait(retry_in)
 
     def _wakes(self, channel: str, payload: str) -> bool:
         """Whether a notification is worth a read: not a send to a queue that is paused."""
@@ -78,7 +91,9 @@ class Listener:
             try:
                 for q in self.queues:
                     execute(self.conn, _queue.unlisten(q))
-            except psycopg.OperationalError:
+            except psycopg.Error:
+                # Dead, or on a server turned read-only (a standby cannot
+                # UNLISTEN): the next idle() connects anew.
                 self.close()
         self.registered = False
 
