@@ -423,19 +423,11 @@ def connect_refusal(conninfo: str, connect_timeout: int = 2) -> ConnectionLost |
 
 def _drain(pool: ConnectionPool[Connection]) -> None:
     """Replace every connection of the pool (those in use when they come back)."""
-    drain = getattr(pool, "drain", None)
-    if drain is not None:
-        drain()  # psycopg_pool 3.3+
-    else:
-        pool.check()
+    pool.drain()
 
 
 async def _drain_async(pool: AsyncConnectionPool[AsyncConnection]) -> None:
-    drain = getattr(pool, "drain", None)
-    if drain is not None:
-        await drain()
-    else:
-        await pool.check()
+    await pool.drain()
 
 
 def drop_broken(pool: ConnectionPool[Connection], conn: Connection, exc: BaseException) -> None:
