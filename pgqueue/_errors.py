@@ -104,6 +104,33 @@ class Contention(PgQueueError):
     sqlstates = ("55000",)
 
 
+class StorageError(PgQueueError):
+    """The server could not write its files: its disk is full, or failing. Nothing was written.
+
+    Postgres raises these as an ERROR and rolls the transaction back, so the
+    call changed nothing; it is not retried (the same statement would fail the
+    same way until someone frees space). A full WAL disk is not one of these:
+    the server stops (PANIC), and the calls then fail as ConnectionLost.
+    """
+
+    sqlstates = ("53100", "58030")
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """What failed (the server's own line names the file) and what to do; its hint is ours."""
+        if exc.sqlstate == "53100":
+            what = f"the database is out of disk space (SQLSTATE 53100: {primary})"
+            advice = "free space on the server, then retry"
+        else:
+            what = (
+                f"the database server could not read or write its files (SQLSTATE 58030: {primary})"
+            )
+            advice = "check the server's disk and its log, then retry"
+        return cls(f"{what}; nothing was written: {advice}", what=what)
+
+
 class InvalidArgument(PgQueueError, ValueError):
     """An argument was rejected (negative timeout, bad queue name, ...)."""
 
