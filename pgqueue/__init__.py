@@ -22,6 +22,7 @@ from pgqueue._errors import (
     QueueInUse,
     QueueNotFound,
     Retry,
+    StorageError,
     WorkflowConflict,
     WorkflowNotFound,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "RetryPolicy",
     "Step",
     "StepStatus",
+    "StorageError",
     "Worker",
     "WorkerInfo",
     "WorkerSettings",
