@@ -114,6 +114,15 @@ NOT_REPLICATED = "canceling wait for synchronous replication"
 # The same wait ended by a terminated connection: the client gets an error, not
 # a success, and retries (counted, not a failure).
 TERMINATED_IN_SYNC_WAIT = "canceling the wait for synchronous replication"
+# What a node logs when pg_autoctl turns synchronous replication off (a primary
+# entering wait_primary). pg_autoctl then runs `SELECT pg_cancel_backend(pid)
+# FROM pg_stat_activity WHERE wait_event = 'SyncRep'` (in its binary): the
+# commits that waited on a standby that is gone are cancelled into "committed
+# locally". The monitor refuses a failover until a standby has caught up
+# again, so those commits are not lost by one (docs/design/failover.md,
+# section 5); they are reported apart from any other cancelled wait.
+SYNC_OFF = 'parameter "synchronous_standby_names" changed to ""'
+ENGINE_CANCEL_WINDOW = 5.0  # seconds after SYNC_OFF that a cancel is pg_autoctl's
 LOG_EVENTS = ("connection.retry", "listen.reconnecting", "listen.failed", "commit.not_replicated")
 
 
@@ -442,6 +451,12 @@ class Formation:
         """A direct DSN to one node (no failover in it)."""
         return f"host=localhost port={node.port} dbname={dbname} user={user} sslmode=disable"
 
+    def timeline(self, node: Node) -> int:
+        """The timeline a primary writes on now (the monitor's reported_tli may lag)."""
+        with psycopg.connect(self.node_dsn(node, "postgres"), connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+        return int(str(row[0])[:8], 16) if row else 0
+
     def switch_points(self, dbname: str) -> dict[int, int]:
         """Where each timeline ended: {timeline: LSN}, from the current timeline's history file."""
         with psycopg.connect(self.node_dsn(self.primary(), dbname), autocommit=True) as conn:
@@ -459,14 +474,18 @@ class Formation:
                 points[int(parts[0])] = lsn(parts[1])
         return points
 
-    def server_log_count(self, phrase: str) -> int:
-        """Lines of every node's server log that contain `phrase`."""
-        n = 0
+    def server_logs(self) -> list[list[str]]:
+        """Every node's server log files, as lines.
+
+        pg_basebackup and pg_rewind copy the log directory too, so one file
+        may be found on several nodes: classify_sync_waits counts a line once.
+        """
+        found = []
         for node in self.nodes:
             for path in sorted((node.pgdata / "log").glob("*")):
                 with contextlib.suppress(OSError):
-                    n += path.read_text(errors="replace").count(phrase)
-        return n
+                    found.append(path.read_text(errors="replace").splitlines())
+        return found
 
     # -- faults
 
@@ -759,7 +778,8 @@ class Failovers(threading.Thread):
             f.wait_whole(120)
             record.to_whole = time.monotonic() - t0
             f.record_tree()
-        except (FormationError, subprocess.TimeoutExpired) as exc:
+            record.timeline = f.timeline(f.node(record.new))
+        except (FormationError, subprocess.TimeoutExpired, psycopg.Error) as exc:
             record.error = str(exc)
         print(
             f"{kind}: {record.old} -> {record.new} (timeline {record.timeline}) new primary"
@@ -816,6 +836,48 @@ def log_events(logdir: Path, pattern: str) -> list[tuple[float, str]]:
                 name = "commit.not_replicated"
             found.append((at, name))
     return found
+
+
+def classify_sync_waits(logs: list[list[str]]) -> Counter[str]:
+    """Sync waits the servers ended, each line counted once: `terminated`, `engine` or `other`.
+
+    `engine`: cancelled within ENGINE_CANCEL_WINDOW after the same server
+    turned synchronous replication off (pg_autoctl entering wait_primary);
+    `other`: any other cancel, a commit the client was told happened that no
+    standby may have.
+    """
+    seen: set[str] = set()
+    found: Counter[str] = Counter()
+    for lines in logs:
+        sync_off: float | None = None
+        for line in lines:
+            if SYNC_OFF in line:
+                sync_off = _log_time(line)
+                continue
+            if TERMINATED_IN_SYNC_WAIT in line or NOT_REPLICATED in line:
+                if line in seen:
+                    continue
+                seen.add(line)
+                at = _log_time(line)
+                if TERMINATED_IN_SYNC_WAIT in line:
+                    found["terminated"] += 1
+                elif (
+                    sync_off is not None
+                    and at is not None
+                    and 0 <= at - sync_off <= ENGINE_CANCEL_WINDOW
+                ):
+                    found["engine"] += 1
+                else:
+                    found["other"] += 1
+    return found
+
+
+def _log_time(line: str) -> float | None:
+    """The epoch of a server log line ('2026-11-25 09:34:19.950 UTC [pid] ...')."""
+    try:
+        return datetime.fromisoformat(line[:23] + "+00:00").timestamp()
+    except ValueError:
+        return None
 
 
 def attribute(records: list[Failover], events: list[tuple[float, str]], who: str) -> None:
@@ -956,7 +1018,7 @@ class Plan:
     def preset(cls, mode: str, failovers: int | None, synchronous: bool) -> Plan:
         """`short` (CI: one failover of each kind, about 75 s of load) or `long` (by hand)."""
         if mode == "long":
-            load = Config(duration=0.0, consumers=4, rate=500.0)
+            load = Config(duration=240.0, consumers=4, rate=500.0)
             return cls(load, failovers or 12, synchronous)
         load = Config(duration=75.0, consumers=2, rate=150.0)
         return cls(load, failovers or 3, synchronous)
@@ -1056,7 +1118,8 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 )
         attribute(records, log_events(logdir, "worker-*.log"), "consumers")
         attribute(records, log_events(workdir, "producers.log"), "producers")
-        not_replicated = formation.server_log_count(NOT_REPLICATED) + sum(
+        sync_waits = classify_sync_waits(formation.server_logs())
+        not_replicated = sync_waits["other"] + sum(
             r.events[f"{who} commit.not_replicated"]
             for r in records
             for who in ("consumers", "producers")
@@ -1095,9 +1158,10 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 "worker exit codes at the end": codes,
                 "pgqueue connections on standbys at the end": sum(on_standbys.values()),
                 "commit.not_replicated": not_replicated,
-                "sync waits ended by a terminated connection (server log)": (
-                    formation.server_log_count(TERMINATED_IN_SYNC_WAIT)
-                ),
+                "sync waits ended by a terminated connection (server log)": sync_waits[
+                    "terminated"
+                ],
+                "sync waits cancelled by pg_autoctl entering wait_primary": sync_waits["engine"],
                 "longest gap between confirmed sends away from failovers (s)": round(
                     max(quiet_gaps or [0]), 2
                 ),
@@ -1182,6 +1246,7 @@ def print_summary(out: Outcome) -> None:
         "duplicate bound",
         "confirmed sends lost to async",
         "commit.not_replicated",
+        "sync waits cancelled by pg_autoctl entering wait_primary",
         "pgqueue connections on standbys at the end",
     ):
         value = f.get(key, "-")

@@ -140,6 +140,36 @@ def test_sends_lost_to_async_leave_the_ledger_the_checker_sees() -> None:
     assert "lost" in ledger.singles
 
 
+# -- cancelled sync waits: pg_autoctl's own, or a commit nobody excuses ---------------------
+
+
+SYNC_OFF_LINE = (
+    '2026-11-25 09:34:19.938 UTC [25770] LOG:  parameter "synchronous_standby_names" changed to ""'
+)
+
+
+def cancel_line(at: str, pid: int) -> str:
+    return (
+        f"2026-11-25 {at} UTC [{pid}] WARNING:  canceling wait for synchronous replication"
+        " due to user request"
+    )
+
+
+def test_cancels_right_after_sync_rep_went_off_are_the_engines() -> None:
+    node3 = [
+        cancel_line("09:34:10.000", 1),  # before: nothing excuses it
+        SYNC_OFF_LINE,
+        cancel_line("09:34:19.950", 2),
+        cancel_line("09:34:19.951", 3),
+        cancel_line("09:34:40.000", 4),  # long after
+        "2026-11-25 09:35:16.341 UTC [5] WARNING:  canceling the wait for synchronous"
+        " replication and terminating connection due to administrator command",
+    ]
+    node1 = node3[:3]  # the same file, copied by pg_rewind: counted once
+    found = failover.classify_sync_waits([node3, node1])
+    assert found == {"engine": 2, "other": 2, "terminated": 1}
+
+
 # -- the figures -------------------------------------------------------------------------
 
 
