@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -25,6 +26,7 @@ from pgqueue._connection import (
     Observers,
     PoolSpec,
     drop_broken_async,
+    last_word,
     raise_translated,
     run_on_async_pool,
 )
@@ -123,12 +125,22 @@ class AsyncClient(
         A connection that dies or turns out to be on a read-only server inside
         the block is closed, not given back to the pool for the next caller.
         """
-        async with self.pool.connection() as conn:
-            try:
-                yield conn
-            except Exception as exc:
-                await drop_broken_async(self.pool, conn, exc)
+        started = time.monotonic()
+        entered = False
+        try:
+            async with self.pool.connection() as conn:
+                entered = True
+                try:
+                    yield conn
+                except Exception as exc:
+                    await drop_broken_async(self.pool, conn, exc)
+                    raise
+        except psycopg.Error as exc:
+            if entered:
                 raise
+            last = last_word(exc, None, self.observers, started)
+            raise_translated(last, "connection", self._dsn_label, self._role)
+            raise
 
     async def run(self, call: Call[T], conn: AsyncConnection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""

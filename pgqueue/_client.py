@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -24,6 +25,7 @@ from pgqueue._connection import (
     Observers,
     PoolSpec,
     drop_broken,
+    last_word,
     raise_translated,
     run_on_pool,
 )
@@ -131,12 +133,24 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi, Workflo
         A connection that dies or turns out to be on a read-only server inside
         the block is closed, not given back to the pool for the next caller.
         """
-        with self.pool.connection() as conn:
-            try:
-                yield conn
-            except Exception as exc:
-                drop_broken(self.pool, conn, exc)
+        started = time.monotonic()
+        entered = False
+        try:
+            with self.pool.connection() as conn:
+                entered = True
+                try:
+                    yield conn
+                except Exception as exc:
+                    drop_broken(self.pool, conn, exc)
+                    raise
+        except psycopg.Error as exc:
+            if entered:
                 raise
+            # The pool's check refused every connection to a read-only server:
+            # say so, not only that the pool timed out.
+            last = last_word(exc, None, self.observers, started)
+            raise_translated(last, "connection", self._dsn_label, self._role)
+            raise
 
     def run(self, call: Call[T], conn: Connection | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""

@@ -465,7 +465,7 @@ def _database_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def _last_word(
+def last_word(
     last: psycopg.Error,
     read_only: psycopg.Error | None,
     observers: Observers | None,
@@ -534,7 +534,7 @@ def run_on_pool(
                         pool.check()
                     raise
     except psycopg.Error as exc:
-        raise_translated(_last_word(exc, read_only, observers, started), call.name, label, role)
+        raise_translated(last_word(exc, read_only, observers, started), call.name, label, role)
         raise
     raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -574,6 +574,6 @@ async def run_on_async_pool(
                         await pool.check()
                     raise
     except psycopg.Error as exc:
-        raise_translated(_last_word(exc, read_only, observers, started), call.name, label, role)
+        raise_translated(last_word(exc, read_only, observers, started), call.name, label, role)
         raise
     raise AssertionError("unreachable: tenacity re-raises the last error")

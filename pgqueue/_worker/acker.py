@@ -4,8 +4,10 @@ Batching turns one commit per message into one per batch (measured: the
 per-message acks held one worker at about 1.3k msg/s). A message whose handler
 finished waits at most `interval` for its ack; if the process dies in between,
 it comes back after its vt, as at-least-once allows. Acks are idempotent, so
-each statement is retried on a fresh connection when the connection died;
-one that still fails leaves its messages to come back after their vt.
+each statement is retried on a fresh connection when the connection died.
+One that still fails because the server is away (or out of disk) is tried
+again a second later, its messages' leases kept alive meanwhile; one that
+fails otherwise leaves its messages to come back after their vt.
 
 A slow ack must not hold every lease hostage: batches are bounded
 (MAX_BATCH), THREADS of them run at once, and a message waiting for its ack
@@ -22,8 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pgqueue._calls import encode_json
 from pgqueue._connection import Connection
-from pgqueue._errors import InvalidMessage
+from pgqueue._errors import ConnectionLost, InvalidMessage, StorageError
 from pgqueue._log import logs_at
+from pgqueue._retry import is_dead_connection
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.counting import Counts
 from pgqueue._worker.db import WorkerDb
@@ -49,6 +52,7 @@ class Acker:
 
     THREADS: ClassVar[int] = 2
     MAX_BATCH: ClassVar[int] = 500
+    RETRY_PAUSE: ClassVar[float] = 1.0  # between tries of an ack that failed for an outage
 
     def __init__(
         self,
@@ -137,12 +141,37 @@ class Acker:
                 self.ack(queue, member, items)
             except DB_ERRORS as exc:
                 ids = [t.msg.msg_id for t, _ in items]
-                self.log.error("message.ack_failed", queue=queue, msg_ids=ids, error=str(exc))
+                again = self._retry_later(exc)
+                self.log.error(
+                    "message.ack_failed", queue=queue, msg_ids=ids, error=str(exc), retrying=again
+                )
+                if again:
+                    self._again(items)
+                else:
+                    self.inflight.acked([t for t, _ in items])
                 continue
-            finally:
-                self.inflight.acked([t for t, _ in items])
+            self.inflight.acked([t for t, _ in items])
             for task, _ in items:
                 self.done(task)
+
+    def _retry_later(self, exc: BaseException) -> bool:
+        """Whether an ack that failed so is tried again: the server was away, or out of disk.
+
+        Their messages keep their leases while they wait (the leases duty
+        extends them), so a handled message is not run again, nor
+        poison-dropped by its next read, because an outage outlasted the
+        retry policy. An ack is idempotent and fenced, so trying again is safe.
+        """
+        if self._stopped:
+            return False
+        return isinstance(exc, (ConnectionLost, StorageError)) or is_dead_connection(exc)
+
+    def _again(self, items: list[Done]) -> None:
+        """Queue failed acks again after a pause (RETRY_PAUSE), unless the acker stops first."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopped, timeout=self.RETRY_PAUSE)
+            self._pending[:0] = items
+            self._cond.notify()
 
     def ack(
         self, queue: str, member: bool, items: list[Done], conn: Connection | None = None

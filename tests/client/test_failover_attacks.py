@@ -182,12 +182,6 @@ def test_a_worker_process_rides_out_a_read_only_window_without_a_redelivery_or_a
     assert w.wait(30) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the acker gives a finished message's ack up after one retry deadline"
-    " (acker.flush: message.ack_failed, then inflight.acked drops its lease), so a"
-    " handled message comes back after its vt and is poison-dropped by the read",
-)
 def test_a_handled_message_whose_ack_outlasts_the_retry_deadline_is_acked_not_poisoned(
     pair: Pair, read_only: Callable[[bool], None], captured_logs: list[dict[str, Any]]
 ) -> None:
@@ -334,12 +328,6 @@ def test_cli_send_of_one_message_to_a_read_only_server_fails_in_one_line_and_wri
         assert client.metrics("cli_one").total_messages == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`pgqueue send QUEUE -` sends its lines in one transaction on"
-    " Client.connection(), whose PoolTimeout is never translated: the user reads"
-    " 'the database refused: couldn't get a connection after 1.00 sec', not read-only",
-)
 def test_cli_send_of_lines_to_a_read_only_server_says_it_is_read_only_and_writes_nothing(
     pair: Pair, read_only: Callable[[bool], None]
 ) -> None:
