@@ -721,7 +721,9 @@ class Failover:
     events: Counter[str] = field(default_factory=Counter)  # log events until the next fault
     switch_point: int | None = None  # where its old timeline ended
     lost_to_async: int = 0
-    wal_past_switch: int = 0  # bytes: the highest LSN confirmed on the old timeline, past it
+    # bytes from the switch point to the last send confirmed on the old timeline
+    # (its LSN read after it): > 0 is WAL the promoted node never had; None: no stamps
+    wal_past_switch: int | None = None
 
 
 class Failovers(threading.Thread):
@@ -1110,7 +1112,8 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
             quiet.append((end + 2.0, nxt.started if nxt else t1))
             if r.switch_point is not None:
                 old_tl = [x for x in stamped.values() if x.timeline == r.timeline - 1]
-                r.wal_past_switch = max([0] + [x.lsn - r.switch_point for x in old_tl])
+                if old_tl:
+                    r.wal_past_switch = max(x.lsn - r.switch_point for x in old_tl)
                 r.lost_to_async = sum(
                     1
                     for k in allowed
@@ -1167,6 +1170,9 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 ),
                 "longest blocked send away from failovers (s)": round(max(quiet_calls or [0]), 2),
                 "confirmed sends lost to async": len(allowed),
+                "confirmed sends stamped with their timeline and LSN": sum(
+                    r.timeline > 0 for r in stamped.values()
+                ),
                 "confirmed sends missing at or below the switch point": len(async_bugs),
             }
         )
@@ -1196,7 +1202,7 @@ def print_failovers(records: list[Failover], synchronous: bool) -> None:
         "producer retries",
     ]
     if not synchronous:
-        columns += ["switch point", "lost to async", "WAL past switch (bytes)"]
+        columns += ["switch point", "lost to async", "last confirmed send past switch (bytes)"]
     print("\n| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|")
     for i, r in enumerate(records, start=1):
         listen = r.events["consumers listen.reconnecting"] + r.events["consumers listen.failed"]
@@ -1216,7 +1222,8 @@ def print_failovers(records: list[Failover], synchronous: bool) -> None:
         if not synchronous:
             point = r.switch_point
             sp = "-" if point is None else f"{point >> 32:X}/{point & 0xFFFFFFFF:X}"
-            cells += [sp, r.lost_to_async, r.wal_past_switch]
+            past = "-" if r.wal_past_switch is None else r.wal_past_switch
+            cells += [sp, r.lost_to_async, past]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     print("\n| kind | failovers | longest to new primary (s) | longest send blocked (s)", end="")
     print(" | longest confirmation gap (s) | longest ack gap (s) |\n|---|---|---|---|---|---|")
