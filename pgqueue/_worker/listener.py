@@ -55,6 +55,13 @@ class Listener:
                     execute(self.conn, _queue.listen(q))
                 self.registered = True
                 return  # the caller reads once more: a send before listen() went unannounced
+            if self._read_only():
+                # Demoted under us with its socket left open (a cloud endpoint
+                # that flips roles): no send reaches this node any more, and
+                # waiting on it would cost every wake-up a poll interval.
+                self.close()
+                self.log.warning("listen.reconnecting", error="the server turned read-only")
+                return
             # In slices, so a stop request is answered within a second.
             deadline = time.monotonic() + timeout
             while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
@@ -74,6 +81,17 @@ class Listener:
                 "listen.reconnecting", error=str(exc).strip(), retry_in=round(retry_in, 3)
             )
             self.stopping.wait(retry_in)
+
+    def _read_only(self) -> bool:
+        """Whether the listening connection's server now refuses writes (one round trip).
+
+        Asked before each wait, once per poll interval at most: a session
+        learns of a demotion only through a statement.
+        """
+        if self.conn is None:
+            return False
+        row = self.conn.execute("SHOW transaction_read_only").fetchone()
+        return row is not None and row[0] == "on"
 
     def _wakes(self, channel: str, payload: str) -> bool:
         """Whether a notification is worth a read: not a send to a queue that is paused."""
