@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -197,33 +198,52 @@ def _log_hosts(dsn: str, label: str) -> None:
     )
 
 
-def _read_only_reason(conn: Connection | AsyncConnection) -> str | None:
+def _read_only_reason(conn: Connection | AsyncConnection, asked: bool = False) -> str | None:
     """Why a connection cannot write, from what the server reported at login (no round trip).
 
     Both parameters are reported by PostgreSQL 14 and later, and again when
     they change (a promotion, a reload); an older server reports neither
-    (None, accepted).
+    (None, accepted). `asked`: the DSN itself sets default_transaction_read_only
+    (a read-only dashboard), so only a hot standby is refused.
     """
     info = conn.info
     if info.parameter_status("in_hot_standby") == "on":
         return "the server is a hot standby"
-    if info.parameter_status("default_transaction_read_only") == "on":
+    if not asked and info.parameter_status("default_transaction_read_only") == "on":
         return "the server's default_transaction_read_only is on"
     return None
 
 
-def _refused(conn: Connection | AsyncConnection, observers: Observers) -> str | None:
-    reason = _read_only_reason(conn)
+# `options` that make every transaction read-only by the client's own choice.
+_ASKS_READ_ONLY = re.compile(
+    r"(?:-c\s*|--)default_transaction_read_only\s*=\s*(?:on|true|yes|1)\b", re.IGNORECASE
+)
+
+
+def asks_read_only(dsn: str) -> bool:
+    """Whether the DSN's own `options` set default_transaction_read_only on."""
+    try:
+        options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    except psycopg.ProgrammingError:
+        return False
+    return bool(_ASKS_READ_ONLY.search(str(options)))
+
+
+def _refused(conn: Connection | AsyncConnection, observers: Observers, asked: bool) -> str | None:
+    reason = _read_only_reason(conn, asked)
     if reason is not None:
         observers.refused_read_only = (time.monotonic(), reason)
     return reason
 
 
-def reject_read_only(observers: Observers) -> Callable[[Connection], None]:
-    """The pool's check: a connection to a read-only server is closed (discarded), not served."""
+def reject_read_only(observers: Observers, asked: bool = False) -> Callable[[Connection], None]:
+    """The pool's check: a connection to a read-only server is closed (discarded), not served.
+
+    `asked`: the DSN sets default_transaction_read_only itself (asks_read_only).
+    """
 
     def check(conn: Connection) -> None:
-        reason = _refused(conn, observers)
+        reason = _refused(conn, observers, asked)
         if reason is not None:
             conn.close()
             raise psycopg.OperationalError(f"connection rejected: {reason}")
@@ -231,11 +251,13 @@ def reject_read_only(observers: Observers) -> Callable[[Connection], None]:
     return check
 
 
-def reject_read_only_async(observers: Observers) -> Callable[[AsyncConnection], Awaitable[None]]:
+def reject_read_only_async(
+    observers: Observers, asked: bool = False
+) -> Callable[[AsyncConnection], Awaitable[None]]:
     """The async pool's check, as reject_read_only."""
 
     async def check(conn: AsyncConnection) -> None:
-        reason = _refused(conn, observers)
+        reason = _refused(conn, observers, asked)
         if reason is not None:
             await conn.close()
             raise psycopg.OperationalError(f"connection rejected: {reason}")
@@ -321,7 +343,7 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure,
-            check=reject_read_only(observers),
+            check=reject_read_only(observers, asks_read_only(self.dsn)),
             timeout=self.POOL_WAIT,
             reconnect_timeout=self.RECONNECT_FOR,
             open=False,
@@ -341,7 +363,7 @@ class PoolSpec:
             max_size=self.max_size,
             kwargs=self.kwargs,
             configure=configure_async,
-            check=reject_read_only_async(observers),
+            check=reject_read_only_async(observers, asks_read_only(self.dsn)),
             timeout=self.POOL_WAIT,
             reconnect_timeout=self.RECONNECT_FOR,
             open=False,

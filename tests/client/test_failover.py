@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from support.db import wait_until
 from support.processes import count, prepare
 from support.standby import Pair, SwitchProxy, primary_with_standby, server_port
@@ -35,7 +36,7 @@ from pgqueue import (
     Worker,
     WorkerSettings,
 )
-from pgqueue._connection import PoolSpec
+from pgqueue._connection import PoolSpec, asks_read_only
 from pgqueue._retry import (
     is_dead_connection,
     is_read_only_server,
@@ -541,3 +542,35 @@ def test_a_transactional_run_that_meets_a_read_only_server_is_given_back_without
     assert "message.failed" not in events, "counted as the handler's failure (a nack)"
     released = [e for e in captured_logs if e["event"] == "message.released"]
     assert released and "read-only" in released[0]["why"], released
+
+
+@pytest.mark.parametrize(
+    ("options", "asked"),
+    [
+        ("-c default_transaction_read_only=on", True),
+        ("-c statement_timeout=15000 -cdefault_transaction_read_only = TRUE", True),
+        ("--default_transaction_read_only=1", True),
+        ("-c default_transaction_read_only=off", False),
+        ("-c statement_timeout=15000", False),
+        (None, False),
+    ],
+)
+def test_a_dsn_that_asks_for_read_only_sessions_is_told_apart(
+    options: str | None, asked: bool
+) -> None:
+    dsn = "host=a dbname=b" + (f" options='{options}'" if options else "")
+    assert asks_read_only(dsn) is asked
+
+
+def test_a_client_that_asks_for_read_only_sessions_is_served_on_a_writable_server(
+    dsn: str, client: Client
+) -> None:
+    # the read-only dashboard's sessions: refused as "a read-only server" they
+    # would never get a connection at all
+    client.create_queue("seen")
+    asking = make_conninfo(dsn, options="-c default_transaction_read_only=on")
+    with Client.from_dsn(asking, retry=RetryPolicy(deadline_seconds=1)) as reader:
+        assert [q.queue_name for q in reader.list_queues()] == ["seen"]
+        with pytest.raises(ConnectionLost, match="read-only"):
+            reader.send("seen", {"n": 1})
+    assert client.metrics("seen").total_messages == 0
