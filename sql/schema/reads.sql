@@ -271,16 +271,17 @@ LANGUAGE sql STABLE AS $$
                 ELSE 'epoch'::timestamptz + us * interval '1 microsecond' END;
 $$;
 
--- The six sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast floor
--- of each lane (and msg_id of the fresh one), safe floor of each lane, and the
--- earliest time of the next late sweep.
+-- The seven sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast
+-- floor of each lane (and msg_id of the fresh one), safe floor of each lane,
+-- the earliest time of the next late sweep, and the start time of the server
+-- whose reads set the floors.
 -- One list of them, for creating (creating => true) and dropping.
 CREATE FUNCTION pgqueue._lane_seqs(queue_id integer, creating boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     w text;
 BEGIN
-    FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep'] LOOP
+    FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep', 'server'] LOOP
         EXECUTE format(CASE WHEN creating THEN 'CREATE SEQUENCE IF NOT EXISTS pgqueue.%I AS bigint'
                             ELSE 'DROP SEQUENCE IF EXISTS pgqueue.%I' END,
                        'lane_' || queue_id || '_' || w);
@@ -577,9 +578,12 @@ $$;
 --     WAL as prepared transactions, and sessions start anew;
 --   * a clock that steps back is not a late commit but breaks "vt >= the time
 --     of the statement that wrote it" as seen by an earlier sweep: _take
---     resets the floors when a read starts below one of them. Rows sent during
---     a step back of over a second with no read of their queue until the
---     clock caught up again stay below the safe floor (docs/design/read-lanes.md).
+--     resets the floors when a read starts below one of them, and when the
+--     floors were set on another server (a failover, possibly to a clock
+--     behind) or before a restart. Rows sent during a step back of one
+--     server's clock of over a second, with no read of their queue until the
+--     clock caught up again, stay below the safe floor
+--     (docs/design/read-lanes.md).
 CREATE FUNCTION pgqueue._oldest_writer() RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -636,6 +640,9 @@ DECLARE
     s_safe_f regclass;
     s_safe_t regclass;
     s_sweep regclass;
+    s_server regclass;
+    v_server bigint;
+    v_here bigint := pgqueue._ts_us(pg_postmaster_start_time());
     v_new_f bigint;
     v_new_t bigint;
     v_set_f_id boolean := false;
@@ -679,15 +686,17 @@ BEGIN
     -- vt before id: a writer sets id before vt, so a read racing it sees a
     -- pair no higher than the one written (see the fast floor update below)
     -- one statement: the sequences are found by name, and read in this order
-    SELECT x.ff, x.ffi, x.ft, x.sf, x.st, x.sw,
+    SELECT x.ff, x.ffi, x.ft, x.sf, x.st, x.sw, x.sv,
            coalesce(pg_sequence_last_value(x.ff), 1), coalesce(pg_sequence_last_value(x.ffi), 1),
            coalesce(pg_sequence_last_value(x.ft), 1), coalesce(pg_sequence_last_value(x.sf), 1),
-           coalesce(pg_sequence_last_value(x.st), 1), coalesce(pg_sequence_last_value(x.sw), 1)
-      INTO s_fast_f, s_fast_f_id, s_fast_t, s_safe_f, s_safe_t, s_sweep,
-           v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep
+           coalesce(pg_sequence_last_value(x.st), 1), coalesce(pg_sequence_last_value(x.sw), 1),
+           coalesce(pg_sequence_last_value(x.sv), 0)
+      INTO s_fast_f, s_fast_f_id, s_fast_t, s_safe_f, s_safe_t, s_sweep, s_server,
+           v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep, v_server
       FROM (SELECT (y.p || 'fast_f')::regclass AS ff, (y.p || 'fast_f_id')::regclass AS ffi,
                    (y.p || 'fast_t')::regclass AS ft, (y.p || 'safe_f')::regclass AS sf,
-                   (y.p || 'safe_t')::regclass AS st, (y.p || 'sweep')::regclass AS sw
+                   (y.p || 'safe_t')::regclass AS st, (y.p || 'sweep')::regclass AS sw,
+                   (y.p || 'server')::regclass AS sv
               FROM (SELECT 'pgqueue.lane_' || q.queue_id || '_' AS p) y) x;
 
     -- A clock that went back (an NTP step, a failover to a server whose clock
@@ -695,11 +704,18 @@ BEGIN
     -- set it, so a floor above our start means rows written from now on may
     -- lie below it. Start the lanes over from the bottom and sweep now; this
     -- read's sweep then sets the safe floors from the clock as it is.
-    IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t) THEN
-        RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
-            v_start, pgqueue._us_ts(greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)), q.queue_name;
+    -- The same when the floors were set on another server, or before this one
+    -- restarted (its start time differs): after a failover to a clock behind,
+    -- sends may have landed below the floors before this first read, with the
+    -- clock caught up by now (tests/sql/test_read_lanes.py).
+    IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)
+       OR v_server <> v_here THEN
+        IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t) THEN
+            RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
+                v_start, pgqueue._us_ts(greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)), q.queue_name;
+        END IF;
         PERFORM setval(s_fast_f_id, 1), setval(s_fast_f, 1), setval(s_fast_t, 1),
-                setval(s_safe_f, 1), setval(s_safe_t, 1);
+                setval(s_safe_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
         v_fast_f := 1;
         v_fast_f_id := 1;
         v_fast_t := 1;

@@ -376,6 +376,30 @@ def test_a_clock_that_went_back_does_not_hide_new_messages_below_the_floors(
         assert floor(sql, lanes, which) < time.time()
 
 
+def test_a_failover_to_a_clock_behind_hides_nothing_from_a_read_after_it_caught_up(
+    sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    # The floors were set by reads on another server (the old primary), whose
+    # clock was 2 s ahead of this one's. Sends land below them; nobody reads
+    # until this clock has caught up, so no read starts below a floor.
+    sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))  # floors exist
+    ahead = "pgqueue._ts_us(clock_timestamp() + interval '2 seconds')"
+    for which in ("fast_f", "fast_t", "safe_f", "safe_t", "sweep"):
+        sql.execute(f"SELECT setval('pgqueue.lane_{lanes}_{which}', {ahead})")
+    sql.execute(
+        f"SELECT setval('pgqueue.lane_{lanes}_server',"
+        " pgqueue._ts_us(pg_postmaster_start_time() - interval '1 day'))"
+    )
+    (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,)).fetchone()  # type: ignore[misc]
+    assert epoch(sql, msg_id) < floor(sql, lanes, "safe_f")
+    time.sleep(2.2)
+    assert time.time() > floor(sql, lanes, "safe_f"), "the clock has caught up"
+    got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)).fetchall()
+    assert got == [(msg_id,)], "the first read on this server found the send below the floors"
+    here = sql.execute("SELECT pgqueue._ts_us(pg_postmaster_start_time())").fetchone()
+    assert sql.execute(f"SELECT last_value FROM pgqueue.lane_{lanes}_server").fetchone() == here
+
+
 def test_a_message_prepared_during_a_sweep_is_read_after_commit_prepared(
     own_cluster: Any,
 ) -> None:
