@@ -108,6 +108,7 @@ def stamped(entries: dict[str, Receipt]) -> chaos.Ledger:
 
 # timeline 1 ended at 0/5000000, timeline 2 at 0/9000000; timeline 3 is current
 POINTS = {1: 0x5000000, 2: 0x9000000}
+KILLS = [1020.0]  # the recorded run's SIGKILL
 
 
 def test_only_sends_past_their_switch_point_are_lost_to_async() -> None:
@@ -120,16 +121,30 @@ def test_only_sends_past_their_switch_point_are_lost_to_async() -> None:
             "current": Receipt(5.0, 3, 0xA000000),
         }
     )
-    allowed, bugs = failover.classify_missing(ledger, {"present"}, POINTS)
+    allowed, bugs = failover.classify_missing(ledger, {"present"}, POINTS, KILLS)
     assert allowed == ["past"]
     assert bugs == ["at", "below", "current"]
+
+
+def test_a_send_whose_lsn_went_unread_is_excused_only_just_before_a_kill() -> None:
+    # the primary died before the LSN could be read after the send
+    ledger = stamped(
+        {
+            "just before": Receipt(KILLS[0] - 0.3, failover.UNREAD),
+            "long before": Receipt(KILLS[0] - 30, failover.UNREAD),
+            "no kill near": Receipt(5000.0, failover.UNREAD),
+        }
+    )
+    allowed, bugs = failover.classify_missing(ledger, set(), POINTS, KILLS)
+    assert allowed == ["just before"]
+    assert bugs == ["long before", "no kill near"]
 
 
 def test_a_missing_send_without_a_receipt_is_a_bug() -> None:
     ledger = failover.stamped_ledger(WalClock(None))
     dict.__setitem__(ledger.singles, "unstamped", 1)
     ledger.barriers["b"] = 3  # stamped, timeline 0: no switch point excuses it
-    assert failover.classify_missing(ledger, set(), POINTS) == ([], ["unstamped", "b"])
+    assert failover.classify_missing(ledger, set(), POINTS, KILLS) == ([], ["unstamped", "b"])
 
 
 def test_sends_lost_to_async_leave_the_ledger_the_checker_sees() -> None:
@@ -138,6 +153,27 @@ def test_sends_lost_to_async_leave_the_ledger_the_checker_sees() -> None:
     plain = failover.without(ledger, {"lost"})
     assert (plain.singles, plain.workflows) == ({"kept": 1}, ["w1"])
     assert "lost" in ledger.singles
+
+
+def test_a_delivery_after_the_ack_is_excused_only_by_a_read_lost_at_a_kill() -> None:
+    def run(t: float, rc: int) -> list[dict[str, object]]:
+        return [{"e": "start", "rc": rc, "t": t}, {"e": "done", "rc": rc, "t": t + 0.01}]
+
+    log = {
+        # read (rc 1) on the old primary just before the kill, that read lost:
+        # cancelled on the new primary with the read count it had there
+        ("soak_work", 1): run(KILLS[0] - 0.05, 1),
+        # the same, but the unknown execution was long before any kill
+        ("soak_work", 2): run(KILLS[0] - 60, 1),
+        # a second execution after the ack, nowhere near a kill
+        ("soak_work", 3): run(900.0, 1) + run(1100.0, 2),
+        # acked with the read count of its last execution: fine
+        ("soak_work", 4): run(900.0, 1),
+    }
+    deleted = {("soak_work", 1): 0, ("soak_work", 2): 0, ("soak_work", 3): 1, ("soak_work", 4): 1}
+    excused, not_excused = failover.lost_reads(log, deleted, KILLS)
+    assert excused == [("soak_work", 1)]
+    assert not_excused == [("soak_work", 2), ("soak_work", 3)]
 
 
 # -- cancelled sync waits: pg_autoctl's own, or a commit nobody excuses ---------------------
