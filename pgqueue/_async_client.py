@@ -13,6 +13,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import _migrate, _tracing
+from pgqueue._adapt import AsyncConnArg, async_psycopg_of
 from pgqueue._api.barrier import AsyncBarrierApi
 from pgqueue._api.leases import AsyncLeaseApi
 from pgqueue._api.poison import AsyncPoisonApi
@@ -142,10 +143,11 @@ class AsyncClient(
             raise_translated(last, "connection", self._dsn_label, self._role)
             raise
 
-    async def run(self, call: Call[T], conn: AsyncConnection | None = None) -> T:
-        """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+    async def run(self, call: Call[T], conn: AsyncConnArg | None = None) -> T:
+        """Execute a call: on `conn` as is (no retry, no commit), or on the pool, retried."""
+        own = None if conn is None else await async_psycopg_of(conn)
         return await run_on_async_pool(
-            self.pool, call, self.retry, self._dsn_label, self._role, conn, self.observers
+            self.pool, call, self.retry, self._dsn_label, self._role, own, self.observers
         )
 
     def _raise(self, exc: psycopg.Error, what: str) -> None:

@@ -12,6 +12,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pgqueue import _migrate, _tracing
+from pgqueue._adapt import ConnArg, psycopg_of
 from pgqueue._api.barrier import BarrierApi
 from pgqueue._api.leases import LeaseApi
 from pgqueue._api.poison import PoisonApi
@@ -152,10 +153,11 @@ class Client(QueueApi, LeaseApi, PoisonApi, BarrierApi, SingleFlightApi, Workflo
             raise_translated(last, "connection", self._dsn_label, self._role)
             raise
 
-    def run(self, call: Call[T], conn: Connection | None = None) -> T:
-        """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
+    def run(self, call: Call[T], conn: ConnArg | None = None) -> T:
+        """Execute a call: on `conn` as is (no retry, no commit), or on the pool, retried."""
+        own = None if conn is None else psycopg_of(conn)
         return run_on_pool(
-            self.pool, call, self.retry, self._dsn_label, self._role, conn, self.observers
+            self.pool, call, self.retry, self._dsn_label, self._role, own, self.observers
         )
 
     def _raise(self, exc: psycopg.Error, what: str) -> None:

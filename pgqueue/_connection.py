@@ -18,6 +18,10 @@ from typing import Any, TypeVar
 
 import psycopg
 import structlog
+from psycopg import pq
+from psycopg.adapt import AdaptersMap
+from psycopg.rows import tuple_row
+from psycopg.types.json import JsonbLoader, JsonLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue._calls import Call
@@ -38,6 +42,8 @@ from pgqueue._settings import (
     require_dsn,
 )
 
+JSON_OID = 114
+JSONB_OID = 3802
 T = TypeVar("T")
 log = structlog.get_logger("pgqueue")
 
@@ -45,9 +51,26 @@ Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
+def _as_psycopg_loads(adapters: AdaptersMap) -> None:
+    """JSON loaded as psycopg does it, on a cursor of a connection a framework configured.
+
+    Django and SQLAlchemy load json and jsonb as text on their connections, to
+    parse it themselves; pgqueue's calls expect values. Only the cursor's own
+    copy of the adapters changes, never the connection's.
+    """
+    for oid, loader in ((JSONB_OID, JsonbLoader), (JSON_OID, JsonLoader)):
+        if adapters.get_loader(oid, pq.Format.TEXT) is not loader:
+            adapters.register_loader(oid, loader)
+
+
 def execute(conn: Connection, call: Call[T]) -> T:
-    """Run one call on the given connection, inside whatever transaction it has."""
-    with conn.cursor() as cur:
+    """Run one call on the given connection, inside whatever transaction it has.
+
+    The cursor is psycopg's own, whatever cursor class or loaders a framework
+    set on the connection (a connection from Django or SQLAlchemy).
+    """
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
+        _as_psycopg_loads(cur.adapters)
         cur.execute(call.sql, call.params)
         rows = cur.fetchall() if cur.description is not None else []
     return call.result(rows)
@@ -55,7 +78,8 @@ def execute(conn: Connection, call: Call[T]) -> T:
 
 async def execute_async(conn: AsyncConnection, call: Call[T]) -> T:
     """Run one call on the given async connection, inside whatever transaction it has."""
-    async with conn.cursor() as cur:
+    async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
+        _as_psycopg_loads(cur.adapters)
         await cur.execute(call.sql, call.params)
         rows = await cur.fetchall() if cur.description is not None else []
     return call.result(rows)

@@ -6,9 +6,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner, run_traces
 from pgqueue._calls import barrier as _barrier
-from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import JSON, BarrierStatus, MemberFailure, MemberResult
 
 
@@ -28,7 +28,7 @@ class BarrierApi(SyncRunner):
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically; exactly one callback will follow.
 
@@ -73,7 +73,7 @@ class BarrierApi(SyncRunner):
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> str:
         """Arm a barrier that takes members until seal(); it fires only once sealed (or expired)."""
         barrier_id = barrier_id or str(uuid.uuid4())
@@ -98,7 +98,7 @@ class BarrierApi(SyncRunner):
         )
 
     def add_members(
-        self, barrier_id: str, messages: Sequence[JSON], *, conn: Connection | None = None
+        self, barrier_id: str, messages: Sequence[JSON], *, conn: ConnArg | None = None
     ) -> list[int]:
         """Add members to an open barrier (in conn's transaction, if given); their msg_ids.
 
@@ -107,7 +107,7 @@ class BarrierApi(SyncRunner):
         """
         return self.run(_barrier.add_members(barrier_id, messages), conn)
 
-    def seal(self, barrier_id: str, *, conn: Connection | None = None) -> BarrierStatus:
+    def seal(self, barrier_id: str, *, conn: ConnArg | None = None) -> BarrierStatus:
         """No more members will come: the barrier fires once every member has an outcome."""
         return self.run(_barrier.seal(barrier_id), conn)
 
@@ -119,7 +119,7 @@ class BarrierApi(SyncRunner):
         outcome: str = "succeeded",
         result: JSON = None,
         read_ct: int | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> BarrierStatus | None:
         """Ack a member and count it once; its barrier's state after, or None if not a member.
 
@@ -145,7 +145,7 @@ class BarrierApi(SyncRunner):
         outcomes: Sequence[str] | None = None,
         results: Sequence[JSON] | None = None,
         read_cts: Sequence[int | None] | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> list[BarrierStatus]:
         """Ack and count many members in one transaction; the state of each barrier touched.
 
@@ -200,7 +200,7 @@ class AsyncBarrierApi(AsyncRunner):
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> str:
         """Send the members and arm a barrier atomically; exactly one callback will follow."""
         barrier_id = barrier_id or str(uuid.uuid4())
@@ -237,7 +237,7 @@ class AsyncBarrierApi(AsyncRunner):
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> str:
         """Arm a barrier that takes members until seal(); it fires only once sealed (or expired)."""
         barrier_id = barrier_id or str(uuid.uuid4())
@@ -262,7 +262,7 @@ class AsyncBarrierApi(AsyncRunner):
         )
 
     async def add_members(
-        self, barrier_id: str, messages: Sequence[JSON], *, conn: AsyncConnection | None = None
+        self, barrier_id: str, messages: Sequence[JSON], *, conn: AsyncConnArg | None = None
     ) -> list[int]:
         """Add members to an open barrier (in conn's transaction, if given); their msg_ids.
 
@@ -271,7 +271,7 @@ class AsyncBarrierApi(AsyncRunner):
         """
         return await self.run(_barrier.add_members(barrier_id, messages), conn)
 
-    async def seal(self, barrier_id: str, *, conn: AsyncConnection | None = None) -> BarrierStatus:
+    async def seal(self, barrier_id: str, *, conn: AsyncConnArg | None = None) -> BarrierStatus:
         """No more members will come: the barrier fires once every member has an outcome."""
         return await self.run(_barrier.seal(barrier_id), conn)
 
@@ -283,7 +283,7 @@ class AsyncBarrierApi(AsyncRunner):
         outcome: str = "succeeded",
         result: JSON = None,
         read_ct: int | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> BarrierStatus | None:
         """Ack a member and count it once; its barrier's state after, or None if not a member."""
         call = _barrier.complete_members(
@@ -305,7 +305,7 @@ class AsyncBarrierApi(AsyncRunner):
         outcomes: Sequence[str] | None = None,
         results: Sequence[JSON] | None = None,
         read_cts: Sequence[int | None] | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> list[BarrierStatus]:
         """Ack and count many members in one transaction; the state of each barrier touched."""
         return await self.run(

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._calls import Call
 from pgqueue._connection import AsyncConnection, Connection
 from pgqueue._tracing import Trace, Tracing
@@ -25,7 +26,7 @@ class SyncRunner:
 
     tracing: Tracing | None = None  # None: tracing off
 
-    def run(self, call: Call[T], conn: Connection | None = None) -> T:
+    def run(self, call: Call[T], conn: ConnArg | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
         raise NotImplementedError
 
@@ -33,7 +34,7 @@ class SyncRunner:
         self,
         queue: str,
         build: Callable[[Trace | None], Call[T]],
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
         ids: Callable[[T], Sequence[int]] | None = None,
         count: int | None = None,
         attributes: dict[str, Any] | None = None,
@@ -61,7 +62,7 @@ class AsyncRunner:
 
     tracing: Tracing | None = None  # None: tracing off
 
-    async def run(self, call: Call[T], conn: AsyncConnection | None = None) -> T:
+    async def run(self, call: Call[T], conn: AsyncConnArg | None = None) -> T:
         """Execute a call: on `conn` as is, or on the pool, retried on dead connections only."""
         raise NotImplementedError
 
@@ -69,7 +70,7 @@ class AsyncRunner:
         self,
         queue: str,
         build: Callable[[Trace | None], Call[T]],
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
         ids: Callable[[T], Sequence[int]] | None = None,
         count: int | None = None,
         attributes: dict[str, Any] | None = None,

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import psycopg
 import structlog
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import queue as _queue
-from pgqueue._connection import AsyncConnection, Connection, execute, execute_async
+from pgqueue._connection import execute, execute_async
 from pgqueue._retry import is_dead_connection
 from pgqueue.types import Message
 
@@ -20,7 +21,7 @@ class LeaseApi(SyncRunner):
     """Reads, acks and leases: the blocking methods."""
 
     def read(
-        self, queue: str, *, vt: int = 30, qty: int = 1, conn: Connection | None = None
+        self, queue: str, *, vt: int = 30, qty: int = 1, conn: ConnArg | None = None
     ) -> list[Message]:
         """Lease up to qty messages for vt seconds; nobody else gets them inside that time."""
         return self.run(_queue.read(queue, vt, qty), conn)
@@ -70,26 +71,26 @@ class LeaseApi(SyncRunner):
             log.warning("wait.connection_lost", queue=queue, error=str(exc).strip())
         return got or self.read(queue, vt=vt, qty=qty)
 
-    def pop(self, queue: str, *, qty: int = 1, conn: Connection | None = None) -> list[Message]:
+    def pop(self, queue: str, *, qty: int = 1, conn: ConnArg | None = None) -> list[Message]:
         """Take and delete up to qty messages at once (at-most-once delivery; never retried)."""
         return self.run(_queue.pop(queue, qty), conn)
 
-    def delete(self, queue: str, msg_id: int, *, conn: Connection | None = None) -> bool:
+    def delete(self, queue: str, msg_id: int, *, conn: ConnArg | None = None) -> bool:
         """Ack by deleting; False if already acked. Idempotent, so retried freely."""
         return self.run(_queue.delete(queue, msg_id), conn)
 
     def delete_many(
-        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: ConnArg | None = None
     ) -> list[int]:
         """Ack many by deleting; the ids that were still live."""
         return self.run(_queue.delete_many(queue, msg_ids), conn)
 
-    def archive(self, queue: str, msg_id: int, *, conn: Connection | None = None) -> bool:
+    def archive(self, queue: str, msg_id: int, *, conn: ConnArg | None = None) -> bool:
         """Ack by archiving; False if already acked. Idempotent, so retried freely."""
         return self.run(_queue.archive(queue, msg_id), conn)
 
     def archive_many(
-        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: ConnArg | None = None
     ) -> list[int]:
         """Ack many by archiving; the ids that were still live."""
         return self.run(_queue.archive_many(queue, msg_ids), conn)
@@ -102,7 +103,7 @@ class LeaseApi(SyncRunner):
         *,
         read_ct: int | None = None,
         error: str | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> Message | None:
         """Hide the message until vt seconds from now (extend a lease, or nack with a delay).
 
@@ -122,7 +123,7 @@ class LeaseApi(SyncRunner):
         read_ct: int,
         delay: int,
         error: str | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> str | None:
         """Give a failed attempt back: "retry" (visible after delay) or "poisoned" (its last).
 
@@ -138,7 +139,7 @@ class AsyncLeaseApi(AsyncRunner):
     """Reads, acks and leases: the asyncio methods, with the same guarantees."""
 
     async def read(
-        self, queue: str, *, vt: int = 30, qty: int = 1, conn: AsyncConnection | None = None
+        self, queue: str, *, vt: int = 30, qty: int = 1, conn: AsyncConnArg | None = None
     ) -> list[Message]:
         """Lease up to qty messages for vt seconds; nobody else gets them inside that time."""
         return await self.run(_queue.read(queue, vt, qty), conn)
@@ -182,29 +183,27 @@ class AsyncLeaseApi(AsyncRunner):
         return got or await self.read(queue, vt=vt, qty=qty)
 
     async def pop(
-        self, queue: str, *, qty: int = 1, conn: AsyncConnection | None = None
+        self, queue: str, *, qty: int = 1, conn: AsyncConnArg | None = None
     ) -> list[Message]:
         """Take and delete up to qty messages at once (at-most-once delivery; never retried)."""
         return await self.run(_queue.pop(queue, qty), conn)
 
-    async def delete(self, queue: str, msg_id: int, *, conn: AsyncConnection | None = None) -> bool:
+    async def delete(self, queue: str, msg_id: int, *, conn: AsyncConnArg | None = None) -> bool:
         """Ack by deleting; False if already acked. Idempotent, so retried freely."""
         return await self.run(_queue.delete(queue, msg_id), conn)
 
     async def delete_many(
-        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnArg | None = None
     ) -> list[int]:
         """Ack many by deleting; the ids that were still live."""
         return await self.run(_queue.delete_many(queue, msg_ids), conn)
 
-    async def archive(
-        self, queue: str, msg_id: int, *, conn: AsyncConnection | None = None
-    ) -> bool:
+    async def archive(self, queue: str, msg_id: int, *, conn: AsyncConnArg | None = None) -> bool:
         """Ack by archiving; False if already acked. Idempotent, so retried freely."""
         return await self.run(_queue.archive(queue, msg_id), conn)
 
     async def archive_many(
-        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnArg | None = None
     ) -> list[int]:
         """Ack many by archiving; the ids that were still live."""
         return await self.run(_queue.archive_many(queue, msg_ids), conn)
@@ -217,7 +216,7 @@ class AsyncLeaseApi(AsyncRunner):
         *,
         read_ct: int | None = None,
         error: str | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> Message | None:
         """Hide the message until vt seconds from now (extend a lease, or nack with a delay)."""
         return await self.run(_queue.set_vt(queue, msg_id, vt, error, read_ct), conn)
@@ -230,7 +229,7 @@ class AsyncLeaseApi(AsyncRunner):
         read_ct: int,
         delay: int,
         error: str | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> str | None:
         """Give a failed attempt back: "retry" (visible after delay) or "poisoned" (its last)."""
         return await self.run(_queue.nack(queue, msg_id, read_ct, delay, error), conn)

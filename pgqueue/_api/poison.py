@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import poison as _poison
-from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import ANY_POISON, PoisonFilter, PoisonMessage
 
 
@@ -21,7 +21,7 @@ class PoisonApi(SyncRunner):
         reason: str,
         *,
         read_ct: int | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> bool:
         """Move a message to the poison table now, with a reason; False if already gone.
 
@@ -61,13 +61,13 @@ class PoisonApi(SyncRunner):
         return self.run(_poison.poison_ids(queue, after_msg_id, qty, where))
 
     def poison_requeue(
-        self, queue: str, msg_ids: Sequence[int], *, conn: Connection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: ConnArg | None = None
     ) -> list[int]:
         """Give poisoned messages a fresh start in their queue; the ids requeued."""
         return self.run(_poison.poison_requeue(queue, msg_ids), conn)
 
     def poison_purge(
-        self, queue: str, msg_ids: Sequence[int] | None = None, *, conn: Connection | None = None
+        self, queue: str, msg_ids: Sequence[int] | None = None, *, conn: ConnArg | None = None
     ) -> int:
         """Delete poisoned messages (all of the queue's when msg_ids is None); how many."""
         return self.run(_poison.poison_purge(queue, msg_ids), conn)
@@ -83,7 +83,7 @@ class AsyncPoisonApi(AsyncRunner):
         reason: str,
         *,
         read_ct: int | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> bool:
         """Move a message to the poison table now, with a reason; False if already gone."""
         return await self.run(_poison.poison(queue, msg_id, reason, read_ct), conn)
@@ -119,7 +119,7 @@ class AsyncPoisonApi(AsyncRunner):
         return await self.run(_poison.poison_ids(queue, after_msg_id, qty, where))
 
     async def poison_requeue(
-        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnection | None = None
+        self, queue: str, msg_ids: Sequence[int], *, conn: AsyncConnArg | None = None
     ) -> list[int]:
         """Give poisoned messages a fresh start in their queue; the ids requeued."""
         return await self.run(_poison.poison_requeue(queue, msg_ids), conn)
@@ -129,7 +129,7 @@ class AsyncPoisonApi(AsyncRunner):
         queue: str,
         msg_ids: Sequence[int] | None = None,
         *,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> int:
         """Delete poisoned messages (all of the queue's when msg_ids is None); how many."""
         return await self.run(_poison.poison_purge(queue, msg_ids), conn)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import queue as _queue
-from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import JSON, KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 
@@ -23,7 +23,7 @@ class QueueApi(SyncRunner):
     """Queues and sending: the blocking methods."""
 
     def create_queue(
-        self, queue: str, *, max_attempts: int = 5, conn: Connection | None = None
+        self, queue: str, *, max_attempts: int = 5, conn: ConnArg | None = None
     ) -> None:
         """Make sure the queue exists with this max_attempts (in conn's transaction, if given)."""
         self.run(_queue.create_queue(queue, max_attempts), conn)
@@ -64,7 +64,7 @@ class QueueApi(SyncRunner):
         headers: dict[str, Any] | None = None,
         delay: int = 0,
         dedupe_key: str | None = None,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns.
 
@@ -92,7 +92,7 @@ class QueueApi(SyncRunner):
         dedupe_key: str,
         headers: dict[str, Any] | None = None,
         delay: int = 0,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> KeyedSend:
         """send() with a dedupe_key that also says whether this call sent (sent=False: held).
 
@@ -113,7 +113,7 @@ class QueueApi(SyncRunner):
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
         delay: int = 0,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> list[int]:
         """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
         return self.run_send(
@@ -140,7 +140,7 @@ class AsyncQueueApi(AsyncRunner):
     """Queues and sending: the asyncio methods, with the same guarantees."""
 
     async def create_queue(
-        self, queue: str, *, max_attempts: int = 5, conn: AsyncConnection | None = None
+        self, queue: str, *, max_attempts: int = 5, conn: AsyncConnArg | None = None
     ) -> None:
         """Make sure the queue exists with this max_attempts (in conn's transaction, if given)."""
         await self.run(_queue.create_queue(queue, max_attempts), conn)
@@ -177,7 +177,7 @@ class AsyncQueueApi(AsyncRunner):
         headers: dict[str, Any] | None = None,
         delay: int = 0,
         dedupe_key: str | None = None,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns."""
         return await self.run_send(
@@ -195,7 +195,7 @@ class AsyncQueueApi(AsyncRunner):
         dedupe_key: str,
         headers: dict[str, Any] | None = None,
         delay: int = 0,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> KeyedSend:
         """send() with a dedupe_key that also says whether this call sent (sent=False: held)."""
         return await self.run_send(
@@ -212,7 +212,7 @@ class AsyncQueueApi(AsyncRunner):
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
         delay: int = 0,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> list[int]:
         """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
         return await self.run_send(

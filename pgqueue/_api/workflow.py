@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import workflow as _workflow
-from pgqueue._connection import AsyncConnection, Connection
 from pgqueue.types import JSON, MemberResult, Step, StepStatus, WorkflowStatus
 
 
@@ -23,7 +23,7 @@ class WorkflowApi(SyncRunner):
         callback_message: JSON = None,
         headers: dict[str, Any] | None = None,
         sealed: bool = True,
-        conn: Connection | None = None,
+        conn: ConnArg | None = None,
     ) -> str:
         """Start a workflow: each step is sent exactly once, when its dependencies have ended.
 
@@ -40,7 +40,7 @@ class WorkflowApi(SyncRunner):
         return self.run(call, conn)
 
     def add_steps(
-        self, workflow_id: str, steps: Sequence[Step], *, conn: Connection | None = None
+        self, workflow_id: str, steps: Sequence[Step], *, conn: ConnArg | None = None
     ) -> None:
         """Graft steps onto a running, unsealed workflow (in conn's transaction, if given).
 
@@ -50,7 +50,7 @@ class WorkflowApi(SyncRunner):
         """
         self.run(_workflow.add_steps(workflow_id, steps), conn)
 
-    def seal_workflow(self, workflow_id: str, *, conn: Connection | None = None) -> WorkflowStatus:
+    def seal_workflow(self, workflow_id: str, *, conn: ConnArg | None = None) -> WorkflowStatus:
         """No more steps will be added: the workflow ends when its last step does."""
         return self.run(_workflow.seal_workflow(workflow_id), conn)
 
@@ -87,7 +87,7 @@ class AsyncWorkflowApi(AsyncRunner):
         callback_message: JSON = None,
         headers: dict[str, Any] | None = None,
         sealed: bool = True,
-        conn: AsyncConnection | None = None,
+        conn: AsyncConnArg | None = None,
     ) -> str:
         """Start a workflow: each step is sent exactly once, when its dependencies have ended."""
         call = _workflow.start_workflow(
@@ -96,13 +96,13 @@ class AsyncWorkflowApi(AsyncRunner):
         return await self.run(call, conn)
 
     async def add_steps(
-        self, workflow_id: str, steps: Sequence[Step], *, conn: AsyncConnection | None = None
+        self, workflow_id: str, steps: Sequence[Step], *, conn: AsyncConnArg | None = None
     ) -> None:
         """Graft steps onto a running, unsealed workflow (in conn's transaction, if given)."""
         await self.run(_workflow.add_steps(workflow_id, steps), conn)
 
     async def seal_workflow(
-        self, workflow_id: str, *, conn: AsyncConnection | None = None
+        self, workflow_id: str, *, conn: AsyncConnArg | None = None
     ) -> WorkflowStatus:
         """No more steps will be added: the workflow ends when its last step does."""
         return await self.run(_workflow.seal_workflow(workflow_id), conn)
