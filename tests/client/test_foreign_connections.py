@@ -193,3 +193,26 @@ def test_a_conn_of_the_other_kind_of_client_is_refused(shop: str, client: Client
         asyncio.run(main())
     assert books(shop) == (0, 0)
     eng.dispose()
+
+
+def test_migrations_run_in_an_sqlalchemy_transaction_and_roll_back_with_it(
+    empty_dsn: str,
+) -> None:
+    from pgqueue._migrate import available
+    from pgqueue.contrib.sqlalchemy import migrate
+
+    eng = engine(empty_dsn)
+    with eng.connect() as conn:
+        names = migrate(conn)
+        assert names == [m.name for m in available()]
+        conn.rollback()
+    with psycopg.connect(empty_dsn) as check:
+        assert check.execute("SELECT to_regclass('pgqueue.queue')").fetchone() == (None,)
+    with eng.begin() as conn:  # as an Alembic revision runs
+        assert len(migrate(conn)) == len(available())
+    with eng.begin() as conn:
+        assert migrate(conn) == []
+    with Client.from_dsn(empty_dsn) as client:
+        client.create_queue(QUEUE)
+        assert client.migrate() == []
+    eng.dispose()
