@@ -202,7 +202,15 @@ class AsyncBarrierApi(AsyncRunner):
         max_failure_ratio: float | None = None,
         conn: AsyncConnArg | None = None,
     ) -> str:
-        """Send the members and arm a barrier atomically; exactly one callback will follow."""
+        """Send the members and arm a barrier atomically; exactly one callback will follow.
+
+        The barrier id is generated here when not given, so a fan_out retried
+        after a lost reply finds its first attempt and sends nothing twice.
+        The callback follows when every member has an outcome, or at once when
+        more members failed than the policy tolerates: `policy="fail_fast"`
+        (none), `max_failures=N`, `max_failure_ratio=0.05`; members not yet
+        started are then cancelled (docs/workflows.md).
+        """
         barrier_id = barrier_id or str(uuid.uuid4())
         return await self.run_send(
             queue,
@@ -285,7 +293,11 @@ class AsyncBarrierApi(AsyncRunner):
         read_ct: int | None = None,
         conn: AsyncConnArg | None = None,
     ) -> BarrierStatus | None:
-        """Ack a member and count it once; its barrier's state after, or None if not a member."""
+        """Ack a member and count it once; its barrier's state after, or None if not a member.
+
+        With `read_ct` (for a failure: it speaks for one attempt) it acts only
+        while that read's lease is current; None then also means it did not.
+        """
         call = _barrier.complete_members(
             queue,
             [msg_id],
@@ -307,7 +319,10 @@ class AsyncBarrierApi(AsyncRunner):
         read_cts: Sequence[int | None] | None = None,
         conn: AsyncConnArg | None = None,
     ) -> list[BarrierStatus]:
-        """Ack and count many members in one transaction; the state of each barrier touched."""
+        """Ack and count many members in one transaction; the state of each barrier touched.
+
+        An entry with a read_ct acts only while that read's lease is current.
+        """
         return await self.run(
             _barrier.complete_members(
                 queue,

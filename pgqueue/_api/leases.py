@@ -161,7 +161,12 @@ class AsyncLeaseApi(AsyncRunner):
     async def read_or_wait(
         self, queue: str, *, vt: int = 30, qty: int = 1, max_wait_seconds: float = 5.0
     ) -> list[Message]:
-        """Like read, but when the queue is empty wait (LISTEN) up to max_wait_seconds."""
+        """Like read, but when the queue is empty wait (LISTEN) up to max_wait_seconds for a send.
+
+        Returns as soon as a send is announced (milliseconds), possibly with
+        nothing if another reader took the message first. Behind PgBouncer in
+        transaction mode LISTEN cannot work: use read() in a polling loop there.
+        """
         got = await self.read(queue, vt=vt, qty=qty)
         if got or max_wait_seconds <= 0:
             return got
@@ -218,7 +223,14 @@ class AsyncLeaseApi(AsyncRunner):
         error: str | None = None,
         conn: AsyncConnArg | None = None,
     ) -> Message | None:
-        """Hide the message until vt seconds from now (extend a lease, or nack with a delay)."""
+        """Hide the message until vt seconds from now (extend a lease, or nack with a delay).
+
+        Pass the `read_ct` your read returned: then only your lease moves, and
+        None means another reader has taken the message over since (or it is
+        gone), and nothing changed. Without it, any live message moves (an
+        operator's tool). A nack may pass the `error` that made it fail: it is
+        kept with the message and quoted in the poison reason if attempts run out.
+        """
         return await self.run(_queue.set_vt(queue, msg_id, vt, error, read_ct), conn)
 
     async def nack(
@@ -231,5 +243,11 @@ class AsyncLeaseApi(AsyncRunner):
         error: str | None = None,
         conn: AsyncConnArg | None = None,
     ) -> str | None:
-        """Give a failed attempt back: "retry" (visible after delay) or "poisoned" (its last)."""
+        """Give a failed attempt back: "retry" (visible after delay) or "poisoned" (its last).
+
+        Only the holder of the lease that `read_ct` names can: None when another
+        reader has taken the message over since (or it is gone), and nothing
+        changed. At read_ct >= max_attempts the message goes to the poison
+        table now, with `error` in its reason, instead of at the next read.
+        """
         return await self.run(_queue.nack(queue, msg_id, read_ct, delay, error), conn)

@@ -85,7 +85,11 @@ class AsyncPoisonApi(AsyncRunner):
         read_ct: int | None = None,
         conn: AsyncConnArg | None = None,
     ) -> bool:
-        """Move a message to the poison table now, with a reason; False if already gone."""
+        """Move a message to the poison table now, with a reason; False if already gone.
+
+        With the `read_ct` your read returned, only while your lease is the
+        current one (False, and nothing changed, once another reader took it over).
+        """
         return await self.run(_poison.poison(queue, msg_id, reason, read_ct), conn)
 
     async def poison_list(

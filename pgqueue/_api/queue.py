@@ -154,7 +154,11 @@ class AsyncQueueApi(AsyncRunner):
         return await self.run(_queue.list_queues())
 
     async def pause_queue(self, queue: str, *, actor: str | None = None) -> bool:
-        """Pause the queue: reads hand out nothing until resumed; False if it was paused already."""
+        """Pause the queue: reads hand out nothing until resumed; False if it was paused already.
+
+        Sends, acks, nacks, lease changes and barrier completions go on as
+        ever; `actor` (who paused it) is kept as its paused_by.
+        """
         return await self.run(_queue.pause_queue(queue, actor))
 
     async def resume_queue(self, queue: str) -> bool:
@@ -179,7 +183,17 @@ class AsyncQueueApi(AsyncRunner):
         dedupe_key: str | None = None,
         conn: AsyncConnArg | None = None,
     ) -> int:
-        """Enqueue a message; its msg_id. Durable once this returns."""
+        """Enqueue a message; its msg_id. Durable once this returns.
+
+        Retried on a dead connection: without a dedupe_key that is
+        at-least-once (a retry after a lost commit reply sends a second copy);
+        with a dedupe_key it is exactly-once. With a dedupe_key the id is this
+        call's own message when an earlier attempt of it committed (live or
+        consumed since); else the live message that holds the key (single
+        flight: nothing new is sent); else the new message's. With `conn`, the
+        message commits or rolls back with the caller's transaction and is not
+        retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
+        """
         return await self.run_send(
             queue,
             lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace),
@@ -197,7 +211,11 @@ class AsyncQueueApi(AsyncRunner):
         delay: int = 0,
         conn: AsyncConnArg | None = None,
     ) -> KeyedSend:
-        """send() with a dedupe_key that also says whether this call sent (sent=False: held)."""
+        """send() with a dedupe_key that also says whether this call sent (sent=False: held).
+
+        The same guarantees as send(..., dedupe_key=...): exactly-once across
+        retries; a retry whose first attempt committed reports sent=True.
+        """
         return await self.run_send(
             queue,
             lambda trace: _queue.send_keyed(queue, message, dedupe_key, headers, delay, trace),

@@ -89,7 +89,15 @@ class AsyncWorkflowApi(AsyncRunner):
         sealed: bool = True,
         conn: AsyncConnArg | None = None,
     ) -> str:
-        """Start a workflow: each step is sent exactly once, when its dependencies have ended."""
+        """Start a workflow: each step is sent exactly once, when its dependencies have ended.
+
+        One transaction (yours, with `conn`). The id is unique while the
+        workflow runs: starting it again with the same steps is a retry and
+        returns the id; anything else raises WorkflowConflict. With
+        `callback_queue`, one final callback follows when every step has
+        ended. `sealed=False` lets add_steps graft steps on until
+        seal_workflow().
+        """
         call = _workflow.start_workflow(
             workflow_id, steps, callback_queue, callback_message, headers, sealed
         )
@@ -98,7 +106,12 @@ class AsyncWorkflowApi(AsyncRunner):
     async def add_steps(
         self, workflow_id: str, steps: Sequence[Step], *, conn: AsyncConnArg | None = None
     ) -> None:
-        """Graft steps onto a running, unsealed workflow (in conn's transaction, if given)."""
+        """Graft steps onto a running, unsealed workflow (in conn's transaction, if given).
+
+        A dependency may name a step already there (one that ended counts as
+        ended). Not retried on a dead connection: WorkflowConflict after a
+        lost reply means the steps are there.
+        """
         await self.run(_workflow.add_steps(workflow_id, steps), conn)
 
     async def seal_workflow(
