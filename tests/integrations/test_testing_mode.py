@@ -28,13 +28,24 @@ from pgqueue.testing import (
 
 pytest_plugins = ["pytester"]
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "testing.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+HEADING = "## Testing mode"
 
 
 def doc_files() -> dict[str, str]:
-    """The doc's python snippets by the file name on their first line (`# tasks.py`)."""
-    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", DOC.read_text(), re.S)
-    return dict(blocks)
+    """The section's python snippets by the file name on their first line (`# tasks.py`).
+
+    The section lives in docs/integrations.md once merged there, else in
+    docs/integrations/testing.md; it ends at the next `## ` heading.
+    """
+    merged = DOCS / "integrations.md"
+    text = merged.read_text() if merged.exists() else ""
+    if HEADING not in text:
+        text = (DOCS / "integrations" / "testing.md").read_text()
+    section = text[text.index(HEADING) :]
+    end = section.find("\n## ", len(HEADING))
+    section = section if end < 0 else section[:end]
+    return dict(re.findall(r"```python\n# (\S+\.py)\n(.*?)```", section, re.S))
 
 
 def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
