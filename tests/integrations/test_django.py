@@ -26,7 +26,15 @@ from pgqueue._migrate import available
 pytest.importorskip("django")
 
 PROJECT = Path(__file__).resolve().parents[1] / "django_project"
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "django.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
+
+
+def django_section() -> str:
+    """The doc's "## Django" section, up to the next `## ` heading."""
+    text = DOC.read_text()
+    start = text.index("\n## Django\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
 
 
 def _env(dsn: str, **extra: str) -> dict[str, str]:
@@ -214,7 +222,7 @@ def test_pgqueue_worker_help_is_the_worker_help(empty_dsn: str) -> None:
 
 def _doc_blocks() -> list[tuple[str, str]]:
     """The doc's code blocks that name a file of the test project on their first line."""
-    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", DOC.read_text(), re.S)
+    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", django_section(), re.S)
     assert blocks, f"{DOC} shows no project file"
     return blocks
 
