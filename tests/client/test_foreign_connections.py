@@ -216,3 +216,11 @@ def test_migrations_run_in_an_sqlalchemy_transaction_and_roll_back_with_it(
         client.create_queue(QUEUE)
         assert client.migrate() == []
     eng.dispose()
+
+
+def test_a_session_on_another_driver_is_refused_in_one_line(shop: str, client: Client) -> None:
+    other = create_engine("sqlite://")
+    with Session(other) as session, pytest.raises(InvalidArgument, match="not psycopg 3"):
+        client.send(QUEUE, {"n": 1}, conn=session)
+    other.dispose()
+    assert books(shop) == (0, 0)
