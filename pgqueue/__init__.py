@@ -23,6 +23,7 @@ from pgqueue._errors import (
     QueueNotFound,
     Retry,
     StorageError,
+    TransactionAborted,
     WorkflowConflict,
     WorkflowNotFound,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "Step",
     "StepStatus",
     "StorageError",
+    "TransactionAborted",
     "Worker",
     "WorkerInfo",
     "WorkerSettings",

@@ -44,7 +44,8 @@ def psycopg_of(conn: Any) -> psycopg.Connection[Any]:
             raise InvalidArgument(
                 f"conn is an SQLAlchemy {type(conn).__name__}: pass it to AsyncClient, not Client"
             )
-        connection = conn.connection() if callable(getattr(conn, "connection", None)) else conn
+        is_session = callable(getattr(conn, "connection", None))
+        connection = _session_connection(conn) if is_session else conn
         if not connection.in_transaction():
             # What SQLAlchemy's autobegin does on a statement of its own:
             # without it, its commit() would not know of ours, and the
@@ -70,7 +71,16 @@ async def async_psycopg_of(conn: Any) -> psycopg.AsyncConnection[Any]:
         raise InvalidArgument(f"conn must be {_ASYNC_KINDS}, got {name}")
     if name not in ("AsyncSession", "AsyncConnection", "async_scoped_session"):
         raise InvalidArgument(f"conn is an SQLAlchemy {name}: pass it to Client, not AsyncClient")
-    connection = conn if name == "AsyncConnection" else await conn.connection()
+    if name == "AsyncConnection":
+        connection = conn
+    else:
+        _refuse_binds(getattr(conn, "sync_session", conn))
+        try:
+            connection = await conn.connection()
+        except Exception as exc:
+            if _framework(exc) == "sqlalchemy":
+                raise _no_connection(conn, exc) from exc
+            raise
     if not connection.in_transaction():
         await connection.begin()  # as psycopg_of does, for the same reason
     fairy = await connection.get_raw_connection()
@@ -78,6 +88,37 @@ async def async_psycopg_of(conn: Any) -> psycopg.AsyncConnection[Any]:
     if not isinstance(raw, psycopg.AsyncConnection):
         raise _not_psycopg(framework, raw)
     return raw
+
+
+def _session_connection(session: Any) -> Any:
+    """The Connection of a Session's current transaction (begun if need be)."""
+    _refuse_binds(session)
+    try:
+        return session.connection()
+    except Exception as exc:
+        if _framework(exc) == "sqlalchemy":
+            raise _no_connection(session, exc) from exc
+        raise
+
+
+def _refuse_binds(session: Any) -> None:
+    # A Session that binds models to engines of their own: its default
+    # connection may not be the one that holds the caller's write.
+    # (`binds` from SQLAlchemy 2.1, `__binds` before)
+    if getattr(session, "binds", None) or getattr(session, "_Session__binds", None):
+        raise InvalidArgument(
+            "conn is an SQLAlchemy Session with per-model binds: pgqueue cannot tell which"
+            " engine's transaction holds your write; pass that connection instead:"
+            " session.connection(bind_arguments={'mapper': YourModel})"
+        )
+
+
+def _no_connection(session: Any, exc: Exception) -> InvalidArgument:
+    return InvalidArgument(
+        f"conn is an SQLAlchemy {type(session).__name__} that gives no connection"
+        f" ({str(exc).splitlines()[0]}): begin its transaction (session.begin()) or bind it"
+        " to an engine, or pass a Connection"
+    )
 
 
 def _django(conn: Any) -> object:

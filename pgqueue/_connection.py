@@ -72,7 +72,10 @@ def execute(conn: Connection, call: Call[T]) -> T:
     with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
         _as_psycopg_loads(cur.adapters)
         cur.execute(call.sql, call.params)
-        rows = cur.fetchall() if cur.description is not None else []
+        # In pipeline mode the result has not arrived yet (no description):
+        # fetching syncs the pipeline, and raises the call's error here.
+        piped = conn.info.pipeline_status != pq.PipelineStatus.OFF
+        rows = cur.fetchall() if piped or cur.description is not None else []
     return call.result(rows)
 
 
@@ -81,7 +84,8 @@ async def execute_async(conn: AsyncConnection, call: Call[T]) -> T:
     async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
         _as_psycopg_loads(cur.adapters)
         await cur.execute(call.sql, call.params)
-        rows = await cur.fetchall() if cur.description is not None else []
+        piped = conn.info.pipeline_status != pq.PipelineStatus.OFF  # as execute()
+        rows = await cur.fetchall() if piped or cur.description is not None else []
     return call.result(rows)
 
 
@@ -534,6 +538,26 @@ def last_word(
     return last
 
 
+def _raise_for_callers(exc: psycopg.Error, what: str) -> None:
+    """On the caller's own connection, a dead or read-only server is the caller's to handle.
+
+    Nothing was retried (the transaction is the caller's), so the pool's
+    words ("could not get a working one back, call again") would mislead.
+    """
+    if is_read_only_server(exc):
+        raise ConnectionLost(
+            f"{what}: the connection you passed is to a read-only server (a standby after a"
+            f" failover?): {str(exc).strip()}; roll back, and redo the transaction on a"
+            " connection to the primary"
+        ) from exc
+    if is_dead_connection(exc):
+        raise ConnectionLost(
+            f"{what}: the connection you passed is gone ({str(exc).strip() or type(exc).__name__});"
+            " the server rolled back the transaction open on it (in autocommit, this call's"
+            " outcome is unknown): redo the work on a new connection"
+        ) from exc
+
+
 def run_on_pool(
     pool: ConnectionPool[Connection],
     call: Call[T],
@@ -553,7 +577,11 @@ def run_on_pool(
     try:
         if conn is not None:
             # The caller's transaction: retrying here could split it, so never.
-            return execute(conn, call)
+            try:
+                return execute(conn, call)
+            except psycopg.Error as exc:
+                _raise_for_callers(exc, call.name)
+                raise
         policy = retry if call.retryable else NO_RETRY
         on_retry = observers.retry if observers is not None else None
         for attempt in policy.retrying(call.name, on_retry):
@@ -599,7 +627,11 @@ async def run_on_async_pool(
     started = time.monotonic()
     try:
         if conn is not None:
-            return await execute_async(conn, call)
+            try:
+                return await execute_async(conn, call)
+            except psycopg.Error as exc:
+                _raise_for_callers(exc, call.name)
+                raise
         policy = retry if call.retryable else NO_RETRY
         on_retry = observers.retry if observers is not None else None
         async for attempt in policy.async_retrying(call.name, on_retry):

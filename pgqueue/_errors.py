@@ -131,6 +131,28 @@ class StorageError(PgQueueError):
         return cls(f"{what}; nothing was written: {advice}", what=what)
 
 
+class TransactionAborted(PgQueueError):
+    """The transaction on the connection you passed had already failed: nothing was sent.
+
+    An earlier statement in it raised, and the server ignores every statement
+    until the transaction ends (SQLSTATE 25P02). Roll it back and start again.
+    """
+
+    sqlstates = ("25P02",)
+
+    @classmethod
+    def from_database(
+        cls, exc: psycopg.Error, primary: str, hint: str, role: str | None
+    ) -> PgQueueError | None:
+        """Say which transaction and what to do."""
+        what = "the transaction on the connection you passed has already failed"
+        return cls(
+            f"{what} (an earlier statement in it raised, and the server ignores the rest until"
+            " it ends); nothing was sent: roll it back, then send in a new transaction",
+            what=what,
+        )
+
+
 class InvalidArgument(PgQueueError, ValueError):
     """An argument was rejected (negative timeout, bad queue name, ...)."""
 

@@ -38,28 +38,6 @@ from sqlalchemy.orm import (  # noqa: E402
 
 QUEUE = "orders"
 
-PIPELINE = (
-    "pipeline mode: _connection.execute checks cur.description right after execute, "
-    "which is None until the pipeline syncs, so rows=[] and call.result([]) raises "
-    "IndexError (send) or returns [] (send_batch, read) though the statement still "
-    "runs at the sync"
-)
-ABORTED = (
-    "an aborted transaction: psycopg.errors.InFailedSqlTransaction escapes as is "
-    "(raise_translated maps it to nothing), not as a pgqueue error as the doc "
-    "promises"
-)
-NO_AUTOBEGIN = (
-    "_adapt.psycopg_of calls session.connection() unguarded: a "
-    "Session(autobegin=False) outside begin() raises "
-    "sqlalchemy.exc.InvalidRequestError, not pgqueue's one-line refusal"
-)
-UNBOUND = (
-    "_adapt.psycopg_of calls session.connection() with no mapper: a Session bound per "
-    "mapper raises sqlalchemy.exc.UnboundExecutionError, not pgqueue's one-line "
-    "refusal"
-)
-
 
 @pytest.fixture
 def shop(dsn: str, client: Client) -> str:
@@ -138,10 +116,6 @@ def test_a_client_cursor_connection_gets_right_results(shop: str, client: Client
     assert committed(shop) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=PIPELINE,
-)
 def test_a_send_in_pipeline_mode_returns_its_msg_id(shop: str, client: Client) -> None:
     with psycopg.connect(shop) as conn:
         with conn.pipeline():
@@ -152,10 +126,6 @@ def test_a_send_in_pipeline_mode_returns_its_msg_id(shop: str, client: Client) -
     assert msg.msg_id == msg_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=PIPELINE,
-)
 def test_a_failed_call_in_pipeline_mode_raises_pgqueues_error_at_the_call(
     shop: str, client: Client
 ) -> None:
@@ -166,10 +136,6 @@ def test_a_failed_call_in_pipeline_mode_raises_pgqueues_error_at_the_call(
     assert committed(shop) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ABORTED,
-)
 def test_a_connection_in_a_failed_transaction_raises_and_sends_nothing(
     shop: str, client: Client
 ) -> None:
@@ -204,10 +170,6 @@ def test_a_dead_connection_raises_once_without_retry_or_hang(shop: str, client: 
 # -- SQLAlchemy --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ABORTED,
-)
 def test_a_session_whose_transaction_failed_raises_and_sends_nothing(
     shop: str, client: Client
 ) -> None:
@@ -225,10 +187,6 @@ def test_a_session_whose_transaction_failed_raises_and_sends_nothing(
     eng.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=NO_AUTOBEGIN,
-)
 def test_a_session_without_autobegin_is_refused_in_one_line_or_joined(
     shop: str, client: Client
 ) -> None:
@@ -262,10 +220,6 @@ def test_a_scoped_session_is_taken_as_its_session(shop: str, client: Client) -> 
     eng.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=UNBOUND,
-)
 def test_a_session_with_two_engines_and_no_default_bind(shop: str, client: Client) -> None:
     one, two = engine(shop), engine(shop)
     with Session(binds={Base: one, Other: two}) as session:
@@ -343,10 +297,6 @@ def test_json_through_sqlalchemy_comes_back_as_values(shop: str, client: Client)
     eng.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ABORTED,
-)
 def test_an_async_session_in_a_failed_transaction_raises_pgqueues_error(shop: str) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
@@ -439,10 +389,6 @@ def test_django_json_results_come_back_as_values(shop: str) -> None:
     assert out == '[1, {"m": {"x": [1]}}]'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ABORTED,
-)
 def test_django_connection_in_a_failed_atomic_raises_pgqueues_error(shop: str) -> None:
     out = django(
         shop,
@@ -549,13 +495,6 @@ def test_drain_with_a_handler_that_hangs_past_timeout(client: Client) -> None:
     assert len(client.read("slow")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "pipeline mode, async: execute_async reads cur.description before the pipeline syncs;"
-        " read() returns [] while it leases the messages"
-    ),
-)
 def test_an_async_read_in_pipeline_mode_returns_what_it_leased(shop: str, client: Client) -> None:
     client.send(QUEUE, {"n": 1})
 
@@ -572,13 +511,6 @@ def test_an_async_read_in_pipeline_mode_returns_what_it_leased(shop: str, client
     assert [m.message for m in got] == [{"n": 1}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "pipeline mode: read() returns [] yet leases every message it read for vt seconds;"
-        " send_batch returns [] yet sends; the messages are lost to consumers until vt passes"
-    ),
-)
 def test_a_read_in_pipeline_mode_leases_nothing_it_does_not_return(
     shop: str, client: Client
 ) -> None:
@@ -591,14 +523,6 @@ def test_a_read_in_pipeline_mode_leases_nothing_it_does_not_return(
     assert leased + len(client.read(QUEUE, qty=10)) == 2, "every message is returned or live"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a Session with a default bind and a per-mapper bind: psycopg_of takes"
-        " session.connection(), the default bind's, silently; the send is not in the"
-        " transaction that holds the business write (another backend), so no atomicity"
-    ),
-)
 def test_a_session_with_per_mapper_binds_sends_beside_the_business_write(
     shop: str, client: Client
 ) -> None:
@@ -623,14 +547,6 @@ def test_a_session_with_per_mapper_binds_sends_beside_the_business_write(
     two.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a dead caller's connection: ConnectionLost says it 'could not get a working one back'"
-        " and to 'call again', names the Client's DSN, though no reconnect was tried and the"
-        " caller's transaction is gone (raise_translated's pool wording, _connection.py)"
-    ),
-)
 def test_a_dead_caller_connection_says_the_transaction_is_lost(shop: str, client: Client) -> None:
     with psycopg.connect(shop) as conn:
         conn.execute("SELECT 1")

@@ -132,6 +132,10 @@ def test_a_pause_and_a_resume_while_running_are_noticed_and_logged_once_each(
     wait_until(lambda: done(env_dsn) == 1)
     client.pause_queue("jobs")
     wait_until(lambda: [e for e in captured_logs if e["event"] == "queue.paused"])
+    # A read that began before the pause committed may still be under way (a
+    # loaded machine): it saw the queue unpaused, and may hand out what it
+    # finds. Let it end before the send that the pause must hold back.
+    time.sleep(0.5)
     client.send("jobs", {"n": 2})
     time.sleep(1.0)  # probes and heartbeats come and go: still paused, logged once
     assert done(env_dsn) == 1
