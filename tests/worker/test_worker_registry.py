@@ -67,6 +67,16 @@ def done(dsn: str) -> int:
     return count(dsn, "done")
 
 
+def runs(dsn: str, event: str, msg_id: int) -> int:
+    """Events of one message. An earlier test's handler still running in this
+    process records into PGQUEUE_DSN, which names this test's database now."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM handled WHERE event = %s AND msg_id = %s", (event, msg_id)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def early_in_a_minute(client: Client) -> None:
     """Wait, if need be, until the database's minute has at least 15 s to go."""
     from pgqueue._cli._common import server_now
@@ -94,15 +104,15 @@ def test_a_running_worker_is_listed_alive_and_its_row_goes_when_it_stops(
         False,
         True,
     )
-    client.send("jobs", {"sleep": 3})
-    wait_until(lambda: count(env_dsn, "start") == 1)
+    sent = client.send("jobs", {"sleep": 3})
+    wait_until(lambda: runs(env_dsn, "start", sent) == 1)
     wait_until(lambda: client.list_workers()[0].in_flight == 1)
     first_seen = client.list_workers()[0].last_seen_at
     wait_until(lambda: client.list_workers()[0].last_seen_at > first_seen)  # it heartbeats
     w.stop()  # graceful: the running handler finishes, the row says stopping meanwhile
     wait_until(lambda: client.list_workers()[0].stopping, timeout=2.5)
     wait_until(lambda: client.list_workers() == [])
-    assert done(env_dsn) == 1
+    assert runs(env_dsn, "done", sent) == 1
     assert client.metrics("jobs").queue_length == 0
 
 
@@ -128,19 +138,19 @@ def test_a_pause_and_a_resume_while_running_are_noticed_and_logged_once_each(
     make_worker: Any, client: Client, env_dsn: str, captured_logs: list[dict[str, Any]]
 ) -> None:
     make_worker()
-    client.send("jobs", {"n": 1})
-    wait_until(lambda: done(env_dsn) == 1)
+    first = client.send("jobs", {"n": 1})
+    wait_until(lambda: runs(env_dsn, "done", first) == 1)
     client.pause_queue("jobs")
     wait_until(lambda: [e for e in captured_logs if e["event"] == "queue.paused"])
     # A read that began before the pause committed may still be under way (a
     # loaded machine): it saw the queue unpaused, and may hand out what it
     # finds. Let it end before the send that the pause must hold back.
     time.sleep(0.5)
-    client.send("jobs", {"n": 2})
+    second = client.send("jobs", {"n": 2})
     time.sleep(1.0)  # probes and heartbeats come and go: still paused, logged once
-    assert done(env_dsn) == 1
+    assert runs(env_dsn, "start", second) == 0
     client.resume_queue("jobs")
-    wait_until(lambda: done(env_dsn) == 2, timeout=5)
+    wait_until(lambda: runs(env_dsn, "done", second) == 1, timeout=5)
     changes = [(e["event"], e["queue"]) for e in captured_logs if e["event"].startswith("queue.")]
     assert changes == [("queue.paused", "jobs"), ("queue.resumed", "jobs")]
     levels = {e["event"]: e["log_level"] for e in captured_logs if e["event"].startswith("queue.")}
