@@ -1,0 +1,769 @@
+"""The `pgmq` facade: install it over pgqueue, and move a real PGMQ's queues into pgqueue.
+
+The facade is schema `pgmq`, holding functions with PGMQ's names and
+signatures over pgqueue's own (sql/pgmq/*.sql). It is not a numbered
+migration: `install` applies those files in name order, in one transaction,
+under the migrators' advisory lock, and marks the schema as pgqueue's by its
+comment. It never replaces a real PGMQ; `import_pgmq` moves one's queues and
+archives into pgqueue, then removes it and installs the facade in its place,
+all in one transaction, so a PGMQ client keeps running on the same database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgqueue._errors import MigrationError, NotMigrated, PgQueueError, sql_literal
+from pgqueue._migrate import MIGRATION_LOCK_KEY, available, current_version, sql_dir
+from pgqueue._roles import GROUP_ROLES
+
+# The PGMQ API version the facade emulates (its signatures, defaults, types).
+FACADE_VERSION = "1.13.0"
+# The comment that marks schema pgmq as pgqueue's facade (then its version).
+COMMENT_PREFIX = "pgqueue pgmq facade"
+# PGMQ never poison-drops: an imported queue gets the most attempts there are.
+NEVER_POISON = 2_147_483_647
+# pgqueue's queue names (sql/schema/queue.sql, create_queue).
+_QUEUE_NAME = r"^[a-z_][a-z0-9_]{0,47}$"
+# The header PGMQ's FIFO groups read; the facade sends it as the group key.
+GROUP_HEADER = "x-pgmq-group"
+_MOVE_ADVICE = "move its queues into pgqueue with `pgqueue pgmq import` (docs/pgmq.md)"
+
+
+class PgmqConflict(PgQueueError):
+    """A real PGMQ (or a stranger's schema pgmq) is here: the facade cannot go beside it."""
+
+
+class PgmqImportRefused(PgQueueError):
+    """`pgqueue pgmq import` found something it cannot move as it is; nothing was changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PgmqStatus:
+    """What holds the `pgmq` schema of a database."""
+
+    installed: bool
+    """pgqueue's facade is installed."""
+    version: str | None
+    """The PGMQ API version the installed facade emulates."""
+    as_extension: bool
+    """Installed as the extension pgmq (extension/), not by `pgqueue pgmq install`."""
+    real_pgmq: str | None
+    """None, or what else holds schema pgmq: a real PGMQ (extension or SQL), or a stranger."""
+    pgmq_queues: int
+    """How many queues a real PGMQ holds (what `pgqueue pgmq import` would move)."""
+    available_version: str = FACADE_VERSION
+    """The version this pgqueue's facade would install."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueImport:
+    """One PGMQ queue as the import moved it (or would, in a dry run)."""
+
+    queue_name: str
+    """The pgqueue queue: PGMQ's name lowercased (as PGMQ's tables and the facade have it)."""
+    pgmq_name: str
+    """The name in pgmq.meta."""
+    live: int
+    """Live messages (read or not, delayed or not) copied, ids and read counts kept."""
+    archived: int
+    """Archived messages copied, with their archived_at."""
+    partitioned: bool
+    unlogged: bool
+    """An unlogged PGMQ queue becomes an ordinary (logged) pgqueue queue."""
+    last_msg_id: int
+    """The highest msg_id PGMQ ever handed out for it; pgqueue's next is above it."""
+    grouped: int
+    """Live messages whose x-pgmq-group header became their group key."""
+    notify_throttle_ms: int | None
+    """PGMQ's notify-on-insert throttle, carried over; None when it was off."""
+    topic_patterns: tuple[str, ...]
+    """Topic patterns bound to it, carried over (or reported: docs/pgmq.md)."""
+    null_payloads: int
+    """Messages (live or archived) whose payload was SQL NULL, stored as JSON null."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    """What `pgqueue pgmq import` moved, or would move in a dry run."""
+
+    dry_run: bool
+    pgmq: str
+    """What held the queues: "extension 1.13.0" or "schema" (PGMQ installed as SQL)."""
+    queues: tuple[QueueImport, ...]
+    left_in_pgmq: tuple[str, ...]
+    """PGMQ queues not selected (--queue): PGMQ stays for them, without the facade."""
+    facade_version: str | None
+    """The facade installed in PGMQ's place; None while PGMQ keeps queues (or in a dry run)."""
+    notes: tuple[str, ...]
+    """What the import could not carry as is, one line each."""
+
+
+# -- the facade's files ---------------------------------------------------------
+
+
+def facade_dir() -> Path:
+    """The folder holding the facade's SQL: pgmq/ beside the migrations (in the wheel or sql/)."""
+    return sql_dir() / "pgmq"
+
+
+def facade_files(directory: Path | None = None) -> list[Path]:
+    """The facade's SQL files in the order they apply (by name)."""
+    folder = directory or facade_dir()
+    files = sorted(p for p in folder.glob("*.sql") if p.is_file()) if folder.is_dir() else []
+    if not files:
+        raise MigrationError(f"no pgmq facade SQL found in {folder}; reinstall pgqueue")
+    return files
+
+
+def latest_migration() -> int:
+    """The number of the newest migration this pgqueue ships (the facade needs it applied)."""
+    return available()[-1].version
+
+
+# -- inspecting the database ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    schema: bool
+    comment: str | None
+    extension: str | None  # the installed extension pgmq's version
+    meta_table: bool  # pgmq.meta is a table: PGMQ's own catalogue of queues
+
+    @property
+    def ours(self) -> bool:
+        return self.schema and (self.comment or "").startswith(COMMENT_PREFIX)
+
+    @property
+    def version(self) -> str | None:
+        return (self.comment or "")[len(COMMENT_PREFIX) :].strip() or None if self.ours else None
+
+    @property
+    def real_pgmq(self) -> str | None:
+        if self.ours or not (self.schema or self.extension):
+            return None
+        if self.extension is not None:
+            return f"the pgmq extension {self.extension}"
+        if self.meta_table:
+            return "PGMQ installed as SQL in schema pgmq"
+        return "a schema pgmq that is neither PGMQ's nor pgqueue's"
+
+
+def _inspect(conn: psycopg.Connection[Any]) -> _Found:
+    row = conn.execute(
+        "SELECT (SELECT obj_description(n.oid, 'pg_namespace') FROM pg_namespace n"
+        "         WHERE n.nspname = 'pgmq'),"
+        "       EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'),"
+        "       (SELECT extversion FROM pg_extension WHERE extname = 'pgmq'),"
+        "       EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        "                WHERE n.nspname = 'pgmq' AND c.relname = 'meta' AND c.relkind = 'r')"
+    ).fetchone()
+    assert row is not None
+    return _Found(schema=bool(row[1]), comment=row[0], extension=row[2], meta_table=bool(row[3]))
+
+
+def _lock(conn: psycopg.Connection[Any]) -> None:
+    """The migrators' lock: installs, imports and migrations never interleave."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _require_migrated(conn: psycopg.Connection[Any]) -> None:
+    have = current_version(conn)
+    need = latest_migration()
+    if have is None:
+        raise NotMigrated(
+            "pgqueue's schema is not in this database: run `pgqueue migrate` first,"
+            " then install the pgmq facade"
+        )
+    if have < need:
+        raise NotMigrated(
+            f"pgqueue's schema here is at migration {have:04d}, and the pgmq facade needs"
+            f" {need:04d}: run `pgqueue migrate` first"
+        )
+
+
+def _refuse_beside(found: _Found) -> None:
+    """Raise when schema pgmq is not ours to replace."""
+    if found.extension is not None and found.ours:
+        raise PgmqConflict(
+            f"pgqueue's pgmq facade is installed here as the extension pgmq {found.extension};"
+            " upgrade it with `make -C extension install` and ALTER EXTENSION pgmq UPDATE,"
+            " or DROP EXTENSION pgmq before `pgqueue pgmq install`"
+        )
+    if found.real_pgmq is not None:
+        raise PgmqConflict(
+            f"this database has {found.real_pgmq}, and the pgmq facade cannot live beside it;"
+            f" {_MOVE_ADVICE}"
+        )
+
+
+def status(conn: psycopg.Connection[Any]) -> PgmqStatus:
+    """Whether the facade is installed (and which version), and whether a real PGMQ is here."""
+    found = _inspect(conn)
+    queues = 0
+    if found.meta_table and not found.ours:
+        row = conn.execute("SELECT count(*) FROM pgmq.meta").fetchone()
+        queues = int(row[0]) if row else 0
+    return PgmqStatus(
+        installed=found.ours,
+        version=found.version,
+        as_extension=found.ours and found.extension is not None,
+        real_pgmq=found.real_pgmq,
+        pgmq_queues=queues,
+    )
+
+
+# -- install and uninstall --------------------------------------------------------
+
+
+def install(conn: psycopg.Connection[Any], *, directory: Path | None = None) -> str:
+    """Install (or reinstall) the pgmq facade in one transaction; the PGMQ version it emulates.
+
+    Needs pgqueue migrated to this version's latest migration, and refuses,
+    changing nothing, when a real PGMQ holds schema pgmq. A facade already
+    installed is replaced, its own tables' rows (topic bindings) kept.
+    `directory` overrides where the facade's SQL is read from (tests).
+    """
+    files = facade_files(directory)
+    with conn.transaction():
+        _lock(conn)
+        _require_migrated(conn)
+        found = _inspect(conn)
+        _refuse_beside(found)
+        _install_in_transaction(conn, files, replace=found.ours)
+    return FACADE_VERSION
+
+
+def _install_in_transaction(
+    conn: psycopg.Connection[Any], files: Sequence[Path], *, replace: bool
+) -> None:
+    kept = _keep_facade_rows(conn) if replace else []
+    if replace:
+        conn.execute("DROP SCHEMA pgmq CASCADE")
+    conn.execute("CREATE SCHEMA pgmq")
+    for path in files:
+        try:
+            conn.execute(path.read_text().encode())
+        except psycopg.Error as exc:
+            raise MigrationError(
+                f"the pgmq facade's {path.name} failed: {exc}".strip() + "; nothing was changed"
+            ) from exc
+    conn.execute(
+        sql.SQL("COMMENT ON SCHEMA pgmq IS {}").format(
+            sql.Literal(f"{COMMENT_PREFIX} {FACADE_VERSION}")
+        )
+    )
+    _restore_facade_rows(conn, kept)
+    roles = [
+        r
+        for (r,) in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s) ORDER BY rolname",
+            (list(GROUP_ROLES),),
+        )
+    ]
+    if roles:
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA pgmq TO {}").format(
+                sql.SQL(", ").join(sql.Identifier(r) for r in roles)
+            )
+        )
+
+
+def _keep_facade_rows(conn: psycopg.Connection[Any]) -> list[str]:
+    """Copy the rows of the facade's own tables aside (ON COMMIT DROP); their names."""
+    tables = [
+        str(t)
+        for (t,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+        )
+    ]
+    for t in tables:
+        conn.execute(
+            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS TABLE pgmq.{}").format(
+                sql.Identifier(f"pgqueue_keep_{t}"), sql.Identifier(t)
+            )
+        )
+    return tables
+
+
+def _restore_facade_rows(conn: psycopg.Connection[Any], tables: Iterable[str]) -> None:
+    """Put the kept rows back into the new facade's tables of the same names (shared columns)."""
+    for t in tables:
+        cols = [
+            str(c)
+            for (c,) in conn.execute(
+                "SELECT a.attname FROM pg_attribute a"
+                " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"
+                "   AND a.attgenerated = '' AND a.attidentity <> 'a'"
+                "   AND a.attname IN (SELECT k.attname FROM pg_attribute k"
+                "                      WHERE k.attrelid = to_regclass(%s) AND k.attnum > 0)"
+                " ORDER BY a.attnum",
+                (f"pgmq.{t}", f"pg_temp.pgqueue_keep_{t}"),
+            )
+        ]
+        if not cols:
+            continue
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO pgmq.{} ({}) SELECT {} FROM pg_temp.{} ON CONFLICT DO NOTHING"
+            ).format(sql.Identifier(t), names, names, sql.Identifier(f"pgqueue_keep_{t}"))
+        )
+
+
+def uninstall(conn: psycopg.Connection[Any]) -> bool:
+    """Remove the facade (its queues stay pgqueue's); False when it was not installed.
+
+    Never touches a real PGMQ: that raises PgmqConflict.
+    """
+    with conn.transaction():
+        _lock(conn)
+        found = _inspect(conn)
+        if found.ours:
+            if found.extension is not None:
+                conn.execute("DROP EXTENSION pgmq CASCADE")
+            conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+            return True
+        if found.real_pgmq is not None:
+            raise PgmqConflict(
+                f"this database has {found.real_pgmq}, not pgqueue's facade; nothing was"
+                " uninstalled (pgqueue never removes PGMQ but by `pgqueue pgmq import`)"
+            )
+        return False
+
+
+# -- import ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One PGMQ queue: its name in pgmq.meta and its tables."""
+
+    name: str
+    partitioned: bool
+    unlogged: bool
+    created_at: Any
+
+    @property
+    def target(self) -> str:
+        """The pgqueue queue it becomes: its name lowercased, as PGMQ's tables and the facade do."""
+        return self.name.lower()
+
+    @property
+    def q(self) -> sql.Composed:
+        return sql.SQL("pgmq.{}").format(sql.Identifier(f"q_{self.name.lower()}"))
+
+    @property
+    def a(self) -> sql.Composed:
+        return sql.SQL("pgmq.{}").format(sql.Identifier(f"a_{self.name.lower()}"))
+
+    @property
+    def q_regclass(self) -> str:
+        return f'pgmq."q_{self.name.lower()}"'
+
+
+def import_pgmq(
+    conn: psycopg.Connection[Any],
+    *,
+    queues: Sequence[str] | None = None,
+    dry_run: bool = False,
+    lock_timeout_seconds: float = 60.0,
+) -> ImportReport:
+    """Move a real PGMQ's queues and archives into pgqueue, nothing lost, in one transaction.
+
+    Every live message keeps its msg_id, read_ct, enqueued_at, last_read_at,
+    vt, payload and headers (its x-pgmq-group header becoming its group key);
+    every archived one also its archived_at. The queue tables are locked
+    (EXCLUSIVE) first, so producers and readers wait, then find the facade.
+    PGMQ is then removed and the facade installed in its place; with `queues`
+    only those move, and PGMQ stays (without the facade) while it holds
+    others. A dry run reports the same counts and changes nothing. Anything
+    that cannot move as it is raises PgmqImportRefused, and nothing changes.
+    """
+    with conn.transaction():
+        _lock(conn)
+        _require_migrated(conn)
+        found = _inspect(conn)
+        if found.ours:
+            raise PgmqImportRefused(
+                "schema pgmq here is pgqueue's facade already: there is no PGMQ to import"
+            )
+        if not found.meta_table:
+            what = found.real_pgmq or "no schema pgmq"
+            raise PgmqImportRefused(f"no PGMQ to import here ({what}: pgmq.meta is missing)")
+        kind = f"extension {found.extension}" if found.extension else "schema"
+        conn.execute(
+            sql.SQL("SET LOCAL lock_timeout = {}").format(
+                sql.Literal(f"{int(lock_timeout_seconds * 1000)}ms")
+            )
+        )
+        if not dry_run:
+            # Queue creations (rows of meta) and every send, read and ack wait from here.
+            _lock_tables(conn, [sql.SQL("pgmq.meta")])
+        sources, left = _select_sources(conn, queues)
+        if not dry_run:
+            _lock_tables(conn, [t for s in sources for t in (s.q, s.a)])
+        _check_importable(conn, sources)
+        bindings = _topic_bindings(conn)
+        throttles = _notify_throttles(conn)
+        moved = [
+            _import_queue(conn, s, bindings.get(s.target, ()), throttles.get(s.target), dry_run)
+            for s in sources
+        ]
+        notes = _notes(moved, left)
+        if dry_run:  # nothing was written: it only read
+            return ImportReport(True, kind, tuple(moved), tuple(left), None, tuple(notes))
+        _remove_pgmq(conn, found, sources, left)
+        version = None
+        if not left:
+            _install_in_transaction(conn, facade_files(), replace=False)
+            version = FACADE_VERSION
+            notes += _carry_over(conn, moved)
+        return ImportReport(False, kind, tuple(moved), tuple(left), version, tuple(notes))
+
+
+def _lock_tables(conn: psycopg.Connection[Any], tables: Sequence[sql.Composable]) -> None:
+    """LOCK them IN EXCLUSIVE MODE: selects go on, writers (sends, reads, acks) wait."""
+    if not tables:
+        return
+    try:
+        conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.SQL(", ").join(tables)))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise PgmqImportRefused(
+            "could not lock PGMQ's tables within the lock timeout: a long transaction holds"
+            " them (see pg_stat_activity); nothing was changed"
+        ) from exc
+    except psycopg.errors.UndefinedTable as exc:
+        raise PgmqImportRefused(
+            f"PGMQ is incomplete here: {exc.diag.message_primary}; nothing was changed"
+        ) from exc
+
+
+def _select_sources(
+    conn: psycopg.Connection[Any], wanted: Sequence[str] | None
+) -> tuple[list[_Source], list[str]]:
+    """The PGMQ queues to move (all, or the named ones), and the ones left in PGMQ."""
+    # Two names differing in case name one queue in PGMQ (one pair of tables).
+    every = list(
+        {
+            s.target: s
+            for s in (
+                _Source(str(name), bool(part), bool(unlogged), created)
+                for name, part, unlogged, created in conn.execute(
+                    "SELECT queue_name, is_partitioned, is_unlogged, created_at FROM pgmq.meta"
+                    " ORDER BY queue_name DESC"
+                )
+            )
+        }.values()
+    )[::-1]
+    if wanted is None:
+        return every, []
+    names = {s.target for s in every}
+    unknown = [n for n in dict.fromkeys(wanted) if n.lower() not in names]
+    if unknown:
+        shown = ", ".join(sql_literal(n) for n in unknown)
+        raise PgmqImportRefused(
+            f"PGMQ has no queue {shown} (pgmq.meta lists {len(every)}); nothing was changed"
+        )
+    chosen = {n.lower() for n in wanted}
+    return [s for s in every if s.target in chosen], [
+        s.name for s in every if s.target not in chosen
+    ]
+
+
+# Headers pgqueue would refuse on a send: not an object, or a reserved _pg_ key.
+_BAD_HEADERS = (
+    "headers IS NOT NULL AND CASE WHEN jsonb_typeof(headers) = 'object'"
+    " THEN EXISTS (SELECT 1 FROM jsonb_object_keys(headers) k WHERE left(k, 4) = '_pg_')"
+    " ELSE true END"
+)
+_GROUP = f"headers->>'{GROUP_HEADER}'"
+_BAD_GROUP = f"({_GROUP} = '' OR length({_GROUP}) > 200)"
+
+
+def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source]) -> None:
+    """Raise PgmqImportRefused naming everything that cannot move as it is."""
+    problems: list[str] = []
+    for s in sources:
+        name = sql_literal(s.name)
+        if not re.match(_QUEUE_NAME, s.target):
+            problems.append(
+                f"queue {name}: a pgqueue queue name is 1 to 48 lowercase letters, digits or"
+                " underscores, not starting with a digit"
+            )
+            continue
+        row = conn.execute(
+            "SELECT q.queue_id,"
+            " EXISTS (SELECT 1 FROM pgqueue.message m WHERE m.queue_id = q.queue_id),"
+            " EXISTS (SELECT 1 FROM pgqueue.archive a WHERE a.queue_id = q.queue_id),"
+            " EXISTS (SELECT 1 FROM pgqueue.poison p WHERE p.queue_id = q.queue_id)"
+            " FROM pgqueue.queue q WHERE q.queue_name = %s",
+            (s.target,),
+        ).fetchone()
+        if row is not None and any(row[1:]):
+            problems.append(
+                f"queue {name}: pgqueue already has a queue of that name holding messages"
+                " (live, archived or poisoned); drop or rename one of them first"
+            )
+        for table, label in ((s.q, "live"), (s.a, "archived")):
+            bad = conn.execute(
+                sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_HEADERS).format(table)
+            ).fetchone()
+            if bad is not None and bad[0]:
+                problems.append(
+                    f"queue {name}: {bad[0]} {label} message(s) (the first msg_id {bad[1]}) have"
+                    " headers pgqueue refuses: not a JSON object, or a key starting with _pg_"
+                    " (reserved); fix them in PGMQ first"
+                )
+        bad = conn.execute(
+            sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(s.q)
+        ).fetchone()
+        if bad is not None and bad[0]:
+            problems.append(
+                f"queue {name}: {bad[0]} message(s) (the first msg_id {bad[1]}) have an"
+                f" {GROUP_HEADER} header that is empty or longer than 200 characters,"
+                " which pgqueue cannot hold as a group key"
+            )
+    if problems:
+        raise PgmqImportRefused("cannot import: " + "; ".join(problems) + "; nothing was changed")
+
+
+def _topic_bindings(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, ...]]:
+    """PGMQ's topic patterns by queue (none before PGMQ 1.11)."""
+    if not _exists(conn, "pgmq.topic_bindings"):
+        return {}
+    out: dict[str, list[str]] = {}
+    for pattern, queue in conn.execute(
+        "SELECT pattern, queue_name FROM pgmq.topic_bindings ORDER BY queue_name, pattern"
+    ):
+        out.setdefault(str(queue).lower(), []).append(str(pattern))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _notify_throttles(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """The queues with PGMQ's notify-on-insert on, and their throttles in ms."""
+    if not _exists(conn, "pgmq.notify_insert_throttle"):
+        return {}
+    return {
+        str(q).lower(): int(ms)
+        for q, ms in conn.execute(
+            "SELECT queue_name, throttle_interval_ms FROM pgmq.notify_insert_throttle"
+        )
+    }
+
+
+def _exists(conn: psycopg.Connection[Any], relation: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (relation,)).fetchone()
+    return bool(row and row[0])
+
+
+def _has_function(conn: psycopg.Connection[Any], signature: str) -> bool:
+    row = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (signature,)).fetchone()
+    return bool(row and row[0])
+
+
+def _import_queue(
+    conn: psycopg.Connection[Any],
+    s: _Source,
+    patterns: tuple[str, ...],
+    throttle: int | None,
+    dry_run: bool,
+) -> QueueImport:
+    """Copy one queue's live and archived messages (or count them, in a dry run)."""
+    live, grouped, max_live, nulls = _one(
+        conn,
+        sql.SQL(
+            "SELECT count(*), count(*) FILTER (WHERE " + _GROUP + " IS NOT NULL),"
+            " coalesce(max(msg_id), 0), count(*) FILTER (WHERE message IS NULL) FROM {}"
+        ).format(s.q),
+    )
+    archived, max_archived, null_archived = _one(
+        conn,
+        sql.SQL(
+            "SELECT count(*), coalesce(max(msg_id), 0), count(*) FILTER (WHERE message IS NULL)"
+            " FROM {}"
+        ).format(s.a),
+    )
+    seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'msg_id')", (s.q_regclass,)).fetchone()
+    handed_out = 0
+    if seq is not None and seq[0] is not None:
+        (handed_out,) = _one(
+            conn,
+            sql.SQL("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {}").format(
+                sql.SQL(seq[0])
+            ),
+        )
+    last = max(handed_out, max_live, max_archived)
+    result = QueueImport(
+        s.target,
+        s.name,
+        live,
+        archived,
+        s.partitioned,
+        s.unlogged,
+        last,
+        grouped,
+        throttle,
+        patterns,
+        nulls + null_archived,
+    )
+    if dry_run:
+        return result
+    row = conn.execute(
+        "SELECT queue_id FROM pgqueue.queue WHERE queue_name = %s", (s.target,)
+    ).fetchone()
+    created = row is None
+    if created:
+        conn.execute("SELECT pgqueue.create_queue(%s, %s)", (s.target, NEVER_POISON))
+    (queue_id,) = _one(
+        conn,
+        sql.SQL(
+            "UPDATE pgqueue.queue SET created_at = CASE WHEN {} THEN %s ELSE created_at END,"
+            " has_groups = has_groups OR %s WHERE queue_name = %s RETURNING queue_id"
+        ).format(sql.Literal(created)),
+        (s.created_at, grouped > 0, s.target),
+    )
+    copied = conn.execute(
+        sql.SQL(
+            "INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, last_read_at,"
+            " vt, message, headers, group_key)"
+            " SELECT %s, msg_id, read_ct, enqueued_at, last_read_at, vt,"
+            " coalesce(message, 'null'), headers, " + _GROUP + " FROM {}"
+        ).format(s.q),
+        (queue_id,),
+    ).rowcount
+    if created:
+        # Rows written with a vt in the past are listed in pgqueue.recheck by
+        # a trigger, for reads whose lane floors passed them; a queue created
+        # now has its floors at the bottom (its first read starts its lanes
+        # over), so every row is in reach, and a backlog left listed would be
+        # probed row by row by every read until it drained.
+        conn.execute("DELETE FROM pgqueue.recheck WHERE queue_id = %s", (queue_id,))
+    kept = conn.execute(
+        sql.SQL(
+            "INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, archived_at,"
+            " vt, message, headers, last_read_at)"
+            " SELECT %s, msg_id, read_ct, enqueued_at, archived_at, vt,"
+            " coalesce(message, 'null'), headers, last_read_at FROM {}"
+        ).format(s.a),
+        (queue_id,),
+    ).rowcount
+    if (copied, kept) != (live, archived):  # the tables are locked: never, but never lose one
+        raise PgmqImportRefused(
+            f"queue {sql_literal(s.name)} changed while it was copied ({live} live and"
+            f" {archived} archived counted, {copied} and {kept} copied); nothing was changed"
+        )
+    if last > 0:
+        conn.execute(
+            # pgqueue's next id is above PGMQ's last, and above its own (a
+            # queue that existed empty): an id is never handed out twice.
+            "SELECT setval(q.msg_seq, greatest(%s, (SELECT coalesce(s.last_value, 0)"
+            " FROM pg_sequences s WHERE"
+            " format('%%I.%%I', s.schemaname, s.sequencename)::regclass = q.msg_seq)), true)"
+            " FROM pgqueue.queue q WHERE q.queue_id = %s",
+            (last, queue_id),
+        )
+    return result
+
+
+def _one(
+    conn: psycopg.Connection[Any], query: sql.Composed, params: Sequence[Any] = ()
+) -> tuple[int, ...]:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _notes(moved: Sequence[QueueImport], left: Sequence[str]) -> list[str]:
+    notes = []
+    for q in moved:
+        name = sql_literal(q.queue_name)
+        if q.unlogged:
+            notes.append(f"queue {name} was UNLOGGED in PGMQ; in pgqueue it is crash-safe")
+        if q.null_payloads:
+            notes.append(
+                f"queue {name}: {q.null_payloads} message(s) had an SQL NULL payload, kept as"
+                " JSON null (a client reads None either way)"
+            )
+        if q.partitioned:
+            notes.append(
+                f"queue {name} was partitioned (pg_partman) in PGMQ; in pgqueue it is one queue"
+                " like any other, and its pg_partman configuration is removed with PGMQ"
+            )
+    if left:
+        notes.append(
+            f"PGMQ keeps {len(left)} queue(s) ({', '.join(sql_literal(n) for n in left)}), so it"
+            " stays installed and the facade is not: import them too to finish the move"
+        )
+    return notes
+
+
+def _remove_pgmq(
+    conn: psycopg.Connection[Any], found: _Found, sources: Sequence[_Source], left: Sequence[str]
+) -> None:
+    """Drop what PGMQ held for the moved queues; all of PGMQ when no queue is left in it."""
+    partman = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_partman'"
+    ).fetchone()
+    parted = [s for s in sources if s.partitioned]
+    if partman is not None and parted:
+        conn.execute(
+            sql.SQL("DELETE FROM {}.part_config WHERE parent_table = ANY(%s)").format(
+                sql.Identifier(partman[0])
+            ),
+            ([f"pgmq.{p}_{s.name.lower()}" for s in parted for p in ("q", "a")],),
+        )
+    if not left:
+        if found.extension is not None:
+            conn.execute("DROP EXTENSION pgmq CASCADE")
+        conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+        return
+    for s in sources:
+        for table in (s.q, s.a):
+            member = conn.execute(
+                sql.SQL(
+                    "SELECT EXISTS (SELECT 1 FROM pg_depend WHERE classid = 'pg_class'::regclass"
+                    " AND objid = {}::regclass AND deptype = 'e')"
+                ).format(sql.Literal(table.as_string(conn)))
+            ).fetchone()
+            if member and member[0]:
+                conn.execute(sql.SQL("ALTER EXTENSION pgmq DROP TABLE {}").format(table))
+            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(table))
+        conn.execute("DELETE FROM pgmq.meta WHERE lower(queue_name) = %s", (s.target,))
+
+
+def _carry_over(conn: psycopg.Connection[Any], moved: Sequence[QueueImport]) -> list[str]:
+    """Notify-on-insert and topic bindings, set again through the facade; notes for the rest."""
+    notes = []
+    throttled = [q for q in moved if q.notify_throttle_ms is not None]
+    if throttled and _has_function(conn, "pgmq.enable_notify_insert(text,integer)"):
+        for q in throttled:
+            conn.execute(
+                "SELECT pgmq.enable_notify_insert(%s, %s)", (q.queue_name, q.notify_throttle_ms)
+            )
+    elif throttled:
+        notes.append(
+            "notify-on-insert was on for "
+            + ", ".join(sql_literal(q.queue_name) for q in throttled)
+            + " in PGMQ; this facade has no notify-on-insert, so it is off"
+        )
+    bound = [(p, q.queue_name) for q in moved for p in q.topic_patterns]
+    if bound and _has_function(conn, "pgmq.bind_topic(text,text)"):
+        for pattern, queue in bound:
+            conn.execute("SELECT pgmq.bind_topic(%s, %s)", (pattern, queue))
+    elif bound:
+        notes.append(
+            f"{len(bound)} topic binding(s) were not carried over (this facade has no topics): "
+            + ", ".join(f"{sql_literal(p)} -> {sql_literal(q)}" for p, q in bound)
+        )
+    return notes
