@@ -427,7 +427,13 @@ def import_pgmq(
         if not left:
             _install_in_transaction(conn, facade_files(), replace=False)
             version = FACADE_VERSION
-            notes += _carry_over(conn, moved)
+            try:
+                notes += _carry_over(conn, moved)
+            except psycopg.Error as exc:
+                raise PgmqImportRefused(
+                    "the facade refused a setting carried over from PGMQ (a topic binding or a"
+                    f" notify throttle): {exc.diag.message_primary or exc}; nothing was changed"
+                ) from exc
         return ImportReport(False, kind, tuple(moved), tuple(left), version, tuple(notes))
 
 

@@ -3,6 +3,7 @@
 from pgqueue._cli import (  # noqa: F401  (they register)
     barriers,
     exporter,
+    pgmq,
     poison,
     queues,
     run,
