@@ -7,4 +7,4 @@ the README and the benchmarks), models/ (hypothesis state machines), soak/
 test gets a database of its own: tests/support/db.py.
 """
 
-pytest_plugins = ["support.db", "support.processes"]
+pytest_plugins = ["support.db", "support.processes", "support.pgmq"]

@@ -26,6 +26,8 @@ CREATE TABLE pgqueue.poison (
     message jsonb NOT NULL,
     headers jsonb,
     dedupe_key text,
+    -- its FIFO group: a requeued message goes back to the end of it
+    group_key text,
     PRIMARY KEY (queue_id, msg_id)
 );
 -- Keyset pages newest first (poison_page), across queues and within one; the
@@ -49,8 +51,10 @@ BEGIN
         DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = poison.msg_id
         RETURNING *
     )
-    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key)
-    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,
+                                group_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key,
+           g.group_key
       FROM gone g;
     RETURN FOUND;
 END
@@ -226,8 +230,10 @@ BEGIN
          WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND read_ct = poison.read_ct
         RETURNING *
     )
-    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key)
-    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,
+                                group_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key,
+           g.group_key
       FROM gone g;
     RETURN FOUND;
 END
@@ -266,15 +272,21 @@ BEGIN
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
+    -- to the end of their groups: ids drawn under the groups' send locks
+    IF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.group_key IS NOT NULL) THEN
+        PERFORM pgqueue._lock_groups(q, ARRAY(SELECT r.group_key FROM unnest(v_rows) r));
+    END IF;
     SELECT array_agg(nextval(q.msg_seq) ORDER BY r.ord) INTO v_new
       FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                                reason, message, headers, dedupe_key, ord);
+                                                reason, message, headers, dedupe_key, group_key, ord);
 
     WITH ins AS (
-        INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, dedupe_key)
-        SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers, r.dedupe_key
+        INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, dedupe_key,
+                                     group_key)
+        SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers, r.dedupe_key,
+               r.group_key
           FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                                    reason, message, headers, dedupe_key, ord)
+                                                    reason, message, headers, dedupe_key, group_key, ord)
          WHERE r.dedupe_key IS NOT NULL
          ORDER BY r.ord
         ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
@@ -282,10 +294,10 @@ BEGIN
     )
     SELECT coalesce(array_agg(i.msg_id), '{}') INTO v_keyed FROM ins i;
 
-    INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
-    SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers
+    INSERT INTO pgqueue.message (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, group_key)
+    SELECT r.queue_id, v_new[r.ord], 0, r.enqueued_at, v_now, r.message, r.headers, r.group_key
       FROM unnest(v_rows) WITH ORDINALITY AS r (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                                reason, message, headers, dedupe_key, ord)
+                                                reason, message, headers, dedupe_key, group_key, ord)
      WHERE v_new[r.ord] <> ALL (v_keyed)
      ORDER BY r.ord;
 

@@ -43,6 +43,19 @@ CREATE TYPE pgqueue.message_record AS (
     headers jsonb
 );
 
+-- What a read or pop hands out, with the time of the lease (NULL for a
+-- message never read before a pop): PGMQ's message_record, field for field.
+-- pgqueue.read returns message_record; the pgmq facade (docs/pgmq.md) this.
+CREATE TYPE pgqueue.taken_record AS (
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    last_read_at timestamptz,
+    vt timestamptz,
+    message jsonb,
+    headers jsonb
+);
+
 CREATE TYPE pgqueue.queue_metrics AS (
     queue_name text,
     queue_length bigint,
@@ -71,6 +84,10 @@ CREATE SEQUENCE pgqueue.queue_id_seq AS integer;
 -- their floors in the sequences pgqueue.lane_<queue_id>_* (reads.sql).
 -- paused_at is set while the queue is paused (pause_queue): reads hand out
 -- nothing until resume_queue clears it; paused_by is who paused it, if said.
+-- has_groups turns true at the first send with a group key and stays so: reads
+-- of a queue that never had one skip the group path at no cost.
+-- notify_channel: every send to the queue NOTIFYs it, at most once per
+-- notify_throttle_ms (the pgmq facade's notify-on-insert; NULL: none).
 CREATE TABLE pgqueue.queue (
     queue_id integer PRIMARY KEY,
     queue_name text NOT NULL UNIQUE,
@@ -78,7 +95,10 @@ CREATE TABLE pgqueue.queue (
     msg_seq regclass NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     paused_at timestamptz,
-    paused_by text
+    paused_by text,
+    has_groups boolean NOT NULL DEFAULT false,
+    notify_channel text,
+    notify_throttle_ms integer NOT NULL DEFAULT 0 CHECK (notify_throttle_ms >= 0)
 );
 
 -- Live (unacknowledged) messages of every queue. Reads find them by the two
@@ -100,8 +120,18 @@ CREATE TABLE pgqueue.message (
     member_of text,
     -- the error of the latest nack, quoted in the poison reason
     last_error text,
+    -- FIFO group: a message with a key is handed out only while it is the
+    -- oldest live message of its (queue, key), so a group is held by one
+    -- reader at a time, in msg_id order (reads.sql, "Groups")
+    group_key text,
+    -- when the current (or latest) lease began; NULL until the first read
+    last_read_at timestamptz,
     PRIMARY KEY (queue_id, msg_id)
 ) WITH (fillfactor = 90);
+
+-- A group's head is the first entry of its range; reads walk the heads.
+CREATE INDEX message_group_idx ON pgqueue.message (queue_id, group_key, msg_id)
+    WHERE group_key IS NOT NULL;
 
 -- Single flight is decided by this index, never by read-then-write.
 CREATE UNIQUE INDEX message_dedupe_idx ON pgqueue.message (queue_id, dedupe_key)
@@ -116,6 +146,7 @@ CREATE TABLE pgqueue.archive (
     vt timestamptz NOT NULL,
     message jsonb NOT NULL,
     headers jsonb,
+    last_read_at timestamptz,
     PRIMARY KEY (queue_id, msg_id)
 );
 
@@ -143,6 +174,13 @@ CREATE UNLOGGED TABLE pgqueue.waiter (
     pid integer NOT NULL,
     since timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (queue_id, pid)
+);
+
+-- When a queue's notify_channel was last notified, for its throttle. UNLOGGED:
+-- after a crash the next send notifies, which is what a listener wants.
+CREATE UNLOGGED TABLE pgqueue.notify_sent (
+    queue_id integer PRIMARY KEY,
+    sent_at timestamptz NOT NULL
 );
 
 CREATE FUNCTION pgqueue._remember_send_token() RETURNS trigger
@@ -211,6 +249,52 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
         -- Identical notifications fold within a transaction: a batch costs one.
         PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
+    END IF;
+END
+$$;
+
+-- The queue's notify_channel, unless it was notified less than
+-- notify_throttle_ms ago (a send of any delay: listeners of that channel ask
+-- to hear of every insert, as PGMQ's do). Two racing sends may both notify.
+CREATE FUNCTION pgqueue._notify_channel(q pgqueue.queue) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF q.notify_throttle_ms > 0 THEN
+        INSERT INTO pgqueue.notify_sent AS n (queue_id, sent_at) VALUES (q.queue_id, clock_timestamp())
+        ON CONFLICT (queue_id) DO UPDATE SET sent_at = EXCLUDED.sent_at
+         WHERE n.sent_at <= EXCLUDED.sent_at - make_interval(secs => q.notify_throttle_ms / 1000.0);
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM pg_notify(q.notify_channel, NULL);
+END
+$$;
+
+-- Raises unless group_key is NULL or 1 to 200 characters.
+CREATE FUNCTION pgqueue._require_group_key(group_key text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF group_key = '' OR length(group_key) > 200 THEN
+        RAISE EXCEPTION 'a group key must be 1 to 200 characters, got %', length(group_key)
+            USING ERRCODE = '22023', HINT = 'Name the group by a short key, e.g. a customer id.';
+    END IF;
+END
+$$;
+
+-- Serializes the sends of one group until their transactions end, taken before
+-- the msg_id is drawn: a group's msg_ids then follow its commit order, so no
+-- message can appear ahead of a group's head once that head is handed out.
+-- Keys are sorted, so two transactions lock shared groups in one order. A hash
+-- collision only makes two groups' sends wait for each other. Called only with
+-- at least one key; marks the queue as having groups.
+CREATE FUNCTION pgqueue._lock_groups(q pgqueue.queue, group_keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(q.queue_id, hashtext(k))
+       FROM (SELECT DISTINCT k FROM unnest(group_keys) AS k WHERE k IS NOT NULL ORDER BY k) AS u (k);
+    IF NOT q.has_groups THEN
+        UPDATE pgqueue.queue SET has_groups = true WHERE queue_id = q.queue_id AND NOT has_groups;
     END IF;
 END
 $$;
@@ -360,7 +444,8 @@ CREATE FUNCTION pgqueue.send_batch(
     headers jsonb[] DEFAULT NULL,
     delay integer DEFAULT 0,
     traceparent text DEFAULT NULL,
-    tracestate text DEFAULT NULL
+    tracestate text DEFAULT NULL,
+    group_keys text[] DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -368,7 +453,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue;
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
     v_trace jsonb := pgqueue._trace_headers(send_batch.traceparent, send_batch.tracestate);
 BEGIN
     IF send_batch.messages IS NULL THEN
@@ -384,20 +469,38 @@ BEGIN
             cardinality(send_batch.headers), cardinality(send_batch.messages)
             USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
     END IF;
+    IF send_batch.group_keys IS NOT NULL
+       AND cardinality(send_batch.group_keys) <> cardinality(send_batch.messages) THEN
+        RAISE EXCEPTION 'group_keys has % elements but messages has %',
+            cardinality(send_batch.group_keys), cardinality(send_batch.messages)
+            USING ERRCODE = '22023', HINT = 'Pass one group key per message (NULL for none), or NULL for no groups.';
+    END IF;
     PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
     PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
+    PERFORM pgqueue._require_group_key(k) FROM unnest(send_batch.group_keys) k;
     q := pgqueue._queue(send_batch.queue_name);
+    IF EXISTS (SELECT 1 FROM unnest(send_batch.group_keys) k WHERE k IS NOT NULL) THEN
+        PERFORM pgqueue._lock_groups(q, send_batch.group_keys);
+    END IF;
+    v_now := clock_timestamp();
 
     RETURN QUERY
-    INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
+    INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, group_key)
     SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send_batch.delay),
-           b.message, CASE WHEN v_trace IS NULL THEN b.headers ELSE coalesce(b.headers, '{}') || v_trace END
-      FROM unnest(send_batch.messages, send_batch.headers) WITH ORDINALITY AS b (message, headers, ord)
+           b.message, CASE WHEN v_trace IS NULL THEN b.headers ELSE coalesce(b.headers, '{}') || v_trace END,
+           b.group_key
+      FROM unnest(send_batch.messages, send_batch.headers, send_batch.group_keys)
+           WITH ORDINALITY AS b (message, headers, group_key, ord)
      ORDER BY b.ord
     RETURNING msg_id;
 
-    IF send_batch.delay = 0 AND cardinality(send_batch.messages) > 0 THEN
-        PERFORM pgqueue._notify(q);
+    IF cardinality(send_batch.messages) > 0 THEN
+        IF send_batch.delay = 0 THEN
+            PERFORM pgqueue._notify(q);
+        END IF;
+        IF q.notify_channel IS NOT NULL THEN
+            PERFORM pgqueue._notify_channel(q);
+        END IF;
     END IF;
 END
 $$;
@@ -627,7 +730,8 @@ CREATE FUNCTION pgqueue.send(
     dedupe_key text DEFAULT NULL,
     send_token uuid DEFAULT NULL,
     traceparent text DEFAULT NULL,
-    tracestate text DEFAULT NULL
+    tracestate text DEFAULT NULL,
+    group_key text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -635,7 +739,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue;
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
     v_id bigint;
     v_token uuid;
     v_own bigint;
@@ -643,7 +747,7 @@ DECLARE
 BEGIN
     IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
        OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
-       OR length(send.dedupe_key) > 1000 THEN
+       OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200 THEN
         IF send.message IS NULL THEN
             RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
                 HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
@@ -654,6 +758,7 @@ BEGIN
             RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
                 USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
         END IF;
+        PERFORM pgqueue._require_group_key(send.group_key);
     END IF;
     IF send.traceparent IS NOT NULL THEN
         -- after the caller's headers were checked: only this writes _pg_ keys
@@ -663,11 +768,16 @@ BEGIN
     IF NOT FOUND THEN
         q := pgqueue._queue(send.queue_name);  -- raises "queue ... does not exist"
     END IF;
+    IF send.group_key IS NOT NULL THEN
+        PERFORM pgqueue._lock_groups(q, ARRAY[send.group_key]);
+    END IF;
+    -- after the group's lock: a send that waited for it is stamped when it goes on
+    v_now := clock_timestamp();
 
     IF send.dedupe_key IS NULL THEN
-        INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token)
+        INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token, group_key)
         VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
-                send.message, v_headers, send.send_token)
+                send.message, v_headers, send.send_token, send.group_key)
         RETURNING msg_id INTO v_id;
     ELSE
         -- Single flight. The unique index decides; the loop only covers the
@@ -694,9 +804,10 @@ BEGIN
                     RETURN v_id;  -- our earlier attempt never committed: single flight
                 END IF;
             END IF;
-            INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token)
+            INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token,
+                                         group_key)
             VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
-                    send.message, v_headers, send.dedupe_key, send.send_token)
+                    send.message, v_headers, send.dedupe_key, send.send_token, send.group_key)
             ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
             RETURNING msg_id INTO v_id;
             EXIT WHEN FOUND;
@@ -714,6 +825,9 @@ BEGIN
     -- Wake waiting consumers (see _notify): only when one is waiting.
     IF send.delay = 0 AND EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
         PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
+    END IF;
+    IF q.notify_channel IS NOT NULL THEN
+        PERFORM pgqueue._notify_channel(q);
     END IF;
     RETURN v_id;
 END

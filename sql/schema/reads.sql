@@ -24,10 +24,12 @@
 --   4. The late sweep, about once a second per queue, reads each lane from its
 --      safe floor and raises the safe floors below the oldest possible writer.
 
+-- Messages of a FIFO group are in neither lane (their order is the group's,
+-- not vt's): reads take them by the group heads (_take, "Groups").
 CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, vt, msg_id)
-    WHERE read_ct = 0 AND vt <= enqueued_at;
+    WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
 CREATE INDEX message_timed_idx ON pgqueue.message (queue_id, vt, msg_id)
-    WHERE read_ct <> 0 OR vt > enqueued_at;
+    WHERE (read_ct <> 0 OR vt > enqueued_at) AND group_key IS NULL;
 
 -- Messages whose vt was written into the past (3. above), until a read takes them.
 CREATE TABLE pgqueue.recheck (
@@ -151,8 +153,9 @@ BEGIN
         DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
         RETURNING m.*
     ), kept AS (
-        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
-        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers FROM gone g
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g
         RETURNING msg_id
     )
     SELECT k.msg_id FROM kept k;
@@ -232,8 +235,9 @@ BEGIN
         DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
         RETURNING m.*
     ), kept AS (
-        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers)
-        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers FROM gone g
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g
         RETURNING msg_id
     )
     SELECT k.msg_id FROM kept k;
@@ -494,10 +498,10 @@ BEGIN
             RETURNING *
         )
         INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers,
-                                    dedupe_key)
+                                    dedupe_key, group_key)
         SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at,
                pgqueue._exhausted_reason(g.read_ct, coalesce(v_error, g.last_error)),
-               g.message, g.headers, g.dedupe_key
+               g.message, g.headers, g.dedupe_key, g.group_key
           FROM gone g;
         RETURN CASE WHEN FOUND THEN 'poisoned' END;
     END IF;
@@ -619,8 +623,23 @@ $$;
 -- a notice for each. The read lanes, the floors and the late sweep are the
 -- header of sql/schema/reads.sql. The rows a round locks carry their ctids,
 -- and the lease (or the pop's delete, or the poison drop) finds them by those.
-CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean)
-RETURNS SETOF pgqueue.message_record
+--
+-- Groups. A message with a group_key is in neither lane: only the head of its
+-- group (its lowest live msg_id) can be handed out, and only while that head
+-- is visible. So at most one message of a group is leased at any time (a
+-- group's later messages wait until its head is acked, popped or poisoned),
+-- and a group is delivered in msg_id order, redeliveries and poison drops
+-- included; sends of a group draw their msg_ids in commit order (_lock_groups).
+-- The heads are found by a skip scan of message_group_idx (one probe per
+-- group), only for queues that ever had a group (queue.has_groups), and
+-- compete with the lanes' rows by (vt, msg_id).
+--
+-- conditional (the pgmq facade's filtered read): only messages whose payload
+-- contains it (@>). Such a read takes some rows and leaves others, so it
+-- starts from the safe floors and neither sweeps nor moves a floor.
+CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
+                              conditional jsonb DEFAULT NULL)
+RETURNS SETOF pgqueue.taken_record
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -724,7 +743,7 @@ BEGIN
         v_next_sweep := 1;
     END IF;
 
-    v_sweep := pgqueue._ts_us(v_start) >= v_next_sweep;
+    v_sweep := conditional IS NULL AND pgqueue._ts_us(v_start) >= v_next_sweep;
     IF v_sweep THEN
         -- Only a read with a fresh snapshot that cannot see uncommitted writes
         -- of its own may raise the safe floors (checked before our setval,
@@ -740,11 +759,11 @@ BEGIN
             -- Plain reads: a row being leased by a transaction still in
             -- progress shows its old version here, and holds the floor.
             SELECT m.vt INTO v_first_f FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
                AND m.vt >= v_lo_f AND m.vt <= v_start
              ORDER BY m.vt, m.msg_id LIMIT 1;
             SELECT m.vt INTO v_first_t FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
                AND m.vt >= v_lo_t AND m.vt <= v_start
              ORDER BY m.vt, m.msg_id LIMIT 1;
             -- nothing visible lies below those rows: the read starts there
@@ -752,6 +771,10 @@ BEGIN
             v_lo_f := coalesce(v_first_f, v_start);
             v_lo_t := coalesce(v_first_t, v_start);
         END IF;
+    ELSIF conditional IS NOT NULL THEN
+        v_lo_f := pgqueue._us_ts(v_safe_f);
+        v_lo_f_id := 0;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
     ELSE
         v_lo_f := pgqueue._us_ts(v_fast_f);
         v_lo_f_id := v_fast_f_id;
@@ -766,22 +789,55 @@ BEGIN
     -- theirs, and the batch is the first of them all in that order.
     LOOP
         v_now := clock_timestamp();
-        WITH f AS (
+        WITH RECURSIVE f AS (
             SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
                AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
                AND m.msg_id <> ALL (v_handed)
+               AND (conditional IS NULL OR m.message @> conditional)
              ORDER BY m.vt, m.msg_id
              LIMIT v_left
                FOR UPDATE SKIP LOCKED
         ), t AS (
             SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
                AND m.vt >= v_lo_t AND m.vt <= v_now
                AND m.msg_id <> ALL (v_handed)
+               AND (conditional IS NULL OR m.message @> conditional)
              ORDER BY m.vt, m.msg_id
              LIMIT v_left
                FOR UPDATE SKIP LOCKED
+        ), gk AS (
+            -- the queue's groups, one index probe each (a skip scan)
+            (SELECT m.group_key FROM pgqueue.message m
+              WHERE q.has_groups AND m.queue_id = q.queue_id AND m.group_key IS NOT NULL
+              ORDER BY m.group_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT m.group_key FROM pgqueue.message m
+                     WHERE m.queue_id = q.queue_id AND m.group_key > gk.group_key
+                     ORDER BY m.group_key LIMIT 1)
+              FROM gk WHERE gk.group_key IS NOT NULL
+        ), heads AS MATERIALIZED (
+            -- each group's head, when visible: the candidates, earliest first
+            SELECT hd.msg_id, hd.vt FROM gk
+             CROSS JOIN LATERAL (
+                   SELECT m.msg_id, m.vt FROM pgqueue.message m
+                    WHERE m.queue_id = q.queue_id AND m.group_key = gk.group_key
+                    ORDER BY m.group_key, m.msg_id LIMIT 1) hd
+             WHERE gk.group_key IS NOT NULL AND hd.vt <= v_now AND hd.msg_id <> ALL (v_handed)
+             ORDER BY hd.vt, hd.msg_id
+        ), g AS (
+            -- locked one by one in that order, until enough are (LIMIT stops
+            -- the nested loop: no head past those is locked)
+            SELECT x.msg_id, x.vt, x.read_ct, x.tid
+              FROM heads h
+             CROSS JOIN LATERAL (
+                   SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                    WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
+                      AND (conditional IS NULL OR m.message @> conditional)
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED) x
+             LIMIT v_left
         ), listed AS (
             SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
         ), l AS (
@@ -793,14 +849,16 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
                     WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
-                      AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                      AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
+                      AND (conditional IS NULL OR m.message @> conditional)
                     LIMIT 1
                       FOR UPDATE SKIP LOCKED) x
              ORDER BY x.vt, x.msg_id
              LIMIT v_left
         ), c AS (
             SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
-              FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l) u
+              FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l
+                    UNION ALL SELECT * FROM g) u
         ), b AS (
             SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
         ), f1 AS (
@@ -829,10 +887,10 @@ BEGIN
                     RETURNING *
                 )
                 INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                            reason, message, headers, dedupe_key)
+                                            reason, message, headers, dedupe_key, group_key)
                 SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
                        pgqueue._exhausted_reason(g.read_ct, g.last_error),
-                       g.message, g.headers, g.dedupe_key
+                       g.message, g.headers, g.dedupe_key, g.group_key
                   FROM gone g
                 RETURNING msg_id, read_ct, reason
             LOOP
@@ -847,16 +905,17 @@ BEGIN
                 RETURN QUERY
                 WITH taken AS (
                     DELETE FROM pgqueue.message WHERE ctid = ANY (v_ok_tids)
-                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, vt, message, headers
+                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, last_read_at, vt, message, headers
                 )
                 SELECT * FROM taken t ORDER BY t.msg_id;
             ELSE
                 RETURN QUERY
                 WITH leased AS (
                     UPDATE pgqueue.message
-                       SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1
+                       SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1,
+                           last_read_at = v_now
                      WHERE ctid = ANY (v_ok_tids)
-                    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers
+                    RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
                 )
                 SELECT * FROM leased l ORDER BY l.msg_id;
             END IF;
@@ -904,7 +963,7 @@ BEGIN
     v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
     v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
                                        OR v_new_t > v_fast_t + 1000000);
-    IF v_set_f OR v_set_t THEN
+    IF (v_set_f OR v_set_t) AND conditional IS NULL THEN
         -- one statement, evaluated in this order: the id before the vt
         PERFORM CASE WHEN v_set_f_id THEN setval(s_fast_f_id, v_locked_f_id) END,
                 CASE WHEN v_set_f THEN setval(s_fast_f, v_new_f) END,
@@ -959,7 +1018,8 @@ BEGIN
         PERFORM pgqueue._notice_paused(q);
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false);
+    RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
+                   FROM pgqueue._take(q, vt, qty, false) t;
 END
 $$;
 
@@ -995,7 +1055,8 @@ BEGIN
             PERFORM pgqueue._notice_paused(q);
             RETURN;
         END IF;
-        RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false);
+        RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
+                       FROM pgqueue._take(q, vt, qty, false) t;
         EXIT WHEN FOUND OR clock_timestamp() >= v_deadline OR v_had_written
                   OR current_setting('pgqueue.read_poisoned', true) = 'on';
         PERFORM pg_sleep(greatest(poll_interval_ms, 1) / 1000.0);
@@ -1018,12 +1079,13 @@ BEGIN
         PERFORM pgqueue._notice_paused(q);
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue._take(q, 0, qty, true);
+    RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
+                   FROM pgqueue._take(q, 0, qty, true) t;
 END
 $$;
 
 -- pgqueue's own writes never fire it (their vt is clock_timestamp() + delay).
 CREATE TRIGGER message_backdated
     AFTER INSERT OR UPDATE ON pgqueue.message
-    FOR EACH ROW WHEN (NEW.vt < statement_timestamp())
+    FOR EACH ROW WHEN (NEW.vt < statement_timestamp() AND NEW.group_key IS NULL)
     EXECUTE FUNCTION pgqueue._list_backdated();

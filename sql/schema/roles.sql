@@ -26,9 +26,9 @@ CREATE TABLE pgqueue.role_grant (
 );
 
 INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
-    ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.send_keyed(text,jsonb,text,jsonb,integer,uuid,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
+    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text,text[])', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.fan_out(text,jsonb[],text,jsonb,text,jsonb,integer,text,text,text,integer,double precision)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.open_barrier(text,text,jsonb,text,jsonb,integer,text,integer,double precision,jsonb[],text,text)', '{pgqueue_producer,pgqueue_consumer}'),
     ('pgqueue.add_members(text,jsonb[],uuid)', '{pgqueue_producer,pgqueue_consumer}'),
