@@ -253,8 +253,9 @@ def _install_in_transaction(
         try:
             conn.execute(path.read_text().encode())
         except psycopg.Error as exc:
+            said = exc.diag.message_primary or str(exc).strip().splitlines()[0]
             raise MigrationError(
-                f"the pgmq facade's {path.name} failed: {exc}".strip() + "; nothing was changed"
+                f"the pgmq facade's {path.name} failed: {said}; nothing was changed"
             ) from exc
     conn.execute(
         sql.SQL("COMMENT ON SCHEMA pgmq IS {}").format(
