@@ -36,7 +36,7 @@ import pytest
 pytest.importorskip("celery")
 pytest.importorskip("kombu_pgmq")
 
-from support.celery_app import make_app, prepare
+from support.celery_app import broker_url, make_app, prepare
 
 TESTS = Path(__file__).resolve().parents[1]
 QUEUE = "celery"  # Celery's default queue: a pgqueue queue of that name
@@ -239,3 +239,44 @@ def test_crashing_task_is_poisoned(
         ).fetchone()
     assert metrics == (0, 1)
     assert "WorkerLostError" in worker.text() or "exited" in worker.text()
+
+
+def celery_queue_names() -> list[str]:
+    """The queues a Celery worker and its tools declare, as kombu-pgmq names them in PGMQ."""
+    import uuid
+
+    from kombu_pgmq.transport import _pgmq_name
+
+    return [
+        QUEUE,
+        # the worker's remote-control queue, declared at start unless remote control is off
+        _pgmq_name("celery@worker-1.example.com.celery.pidbox"),
+        # `celery inspect` / `celery control` reply queues (shortened by kombu-pgmq past 47)
+        _pgmq_name(f"{uuid.uuid4()}.reply.celery.pidbox"),
+        # `celery events` / flower receivers
+        _pgmq_name(f"celeryev.{uuid.uuid4()}"),
+    ]
+
+
+def test_celery_queue_names_are_accepted(either_dsn: str) -> None:
+    """Every queue name Celery declares through kombu-pgmq can be created, listed and used."""
+    from pgmq import PGMQueue
+
+    q = PGMQueue(conn_string=broker_url(either_dsn), init_extension=False, pool_size=1)
+    names = celery_queue_names()
+    refused = {}
+    try:
+        for name in names:
+            try:
+                q.create_queue(name)
+                msg_id = q.send(name, {"n": 1})
+                got = q.read(name, vt=30)
+                assert got is not None and got.msg_id == msg_id
+                assert q.delete(name, msg_id)
+            except psycopg.Error as exc:
+                refused[name] = str(exc).splitlines()[0]
+        listed = {r.queue_name for r in q.list_queues()}
+    finally:
+        q.close()
+    assert refused == {}, refused
+    assert set(names) <= listed
