@@ -1,0 +1,941 @@
+-- The pgmq facade: PGMQ 1.13's SQL API over pgqueue's queues (docs/pgmq.md).
+--
+-- Applied by `pgqueue._pgmq.install(conn)` as the owner of schema pgqueue, in
+-- one transaction, into a schema pgmq that the installer has just created
+-- (and found free of a real PGMQ). Not a numbered migration: an upgrade is
+-- DROP SCHEMA pgmq CASCADE and install again, so this file creates every
+-- object and assumes none exists.
+--
+-- One queue, two APIs. A pgmq queue IS a pgqueue queue: nothing here keeps
+-- state of its own. Every function names PGMQ's arguments exactly (clients
+-- call them by name: `pgmq.send(queue_name=>..., msg=>...)`), returns PGMQ's
+-- types, and works through pgqueue's functions (send, send_batch, _take,
+-- delete, archive, purge_queue, drop_queue, create_queue), so single flight,
+-- FIFO groups, poison drops, pausing and wake-ups behave as they do for
+-- pgqueue's own callers. The few direct writes (set_vt, the notify columns)
+-- are single statements on one queue's rows.
+--
+-- Where the two differ (the full table is docs/pgmq.md):
+--   * Names. PGMQ lowercases a queue name into its table names, so 'MyQueue'
+--     and 'myqueue' are one queue there; here every name is lowercased too and
+--     must then be a pgqueue name (1 to 48 of [a-z0-9_], not starting with a
+--     digit), else 22023. list_queues and metrics_all show the lowercase name.
+--   * Attempts. PGMQ never drops a message; a queue created here gets
+--     max_attempts = 2147483647, so it never does either, unless an operator
+--     sets a limit through pgqueue.create_queue (then reads poison-drop into
+--     pgqueue.poison, as for any pgqueue queue). pgmq.create on an existing
+--     queue leaves it as it is.
+--   * Groups. The header x-pgmq-group becomes the message's group_key. Every
+--     read (read and pop too, not only the read_grouped family) hands out a
+--     grouped message only while it is the oldest live message of its group:
+--     at most one message per group per read, in order. Messages without the
+--     header form no group (PGMQ's read_grouped puts them in one shared group).
+--   * Delays given as a timestamp become whole seconds from now, rounded up:
+--     a message never becomes visible before the time asked for.
+--   * Partitioned and unlogged queues do not exist: create_unlogged makes an
+--     ordinary queue, create_partitioned and convert_archive_partitioned refuse.
+--   * The tables pgmq.meta, pgmq.q_<name> and pgmq.a_<name> are read-only views
+--     of pgqueue's tables, kept in step with the queues by a trigger on
+--     pgqueue.queue (queues created or dropped through either API).
+--
+-- Security: functions that touch pgqueue's tables or internal functions are
+-- SECURITY DEFINER with a fixed search_path, as pgqueue's own are; nothing is
+-- granted to PUBLIC; pgqueue's roles (sql/schema/roles.sql) get, where they
+-- exist: pgqueue_producer the sends, pgqueue_consumer what a worker does
+-- (reads, acks, set_vt, sends, list and metrics), pgqueue_operator all of it.
+-- A queue name only ever reaches dynamic SQL quoted by format('%I').
+
+------------------------------------------------------------------------------
+-- Types: PGMQ's, field for field and in its order (clients read them by
+-- position: its Rust client does).
+------------------------------------------------------------------------------
+
+CREATE TYPE pgmq.message_record AS (
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    last_read_at timestamptz,
+    vt timestamptz,
+    message jsonb,
+    headers jsonb
+);
+
+CREATE TYPE pgmq.queue_record AS (
+    queue_name varchar,
+    is_partitioned boolean,
+    is_unlogged boolean,
+    created_at timestamptz
+);
+
+CREATE TYPE pgmq.metrics_result AS (
+    queue_name text,
+    queue_length bigint,
+    newest_msg_age_sec integer,
+    oldest_msg_age_sec integer,
+    total_messages bigint,
+    scrape_time timestamptz,
+    queue_visible_length bigint,
+    default_partition_length bigint
+);
+
+------------------------------------------------------------------------------
+-- Names
+------------------------------------------------------------------------------
+
+-- PGMQ's table name of a queue: lower(prefix || '_' || queue_name), refusing
+-- the characters PGMQ refuses. Here it names the queue's view.
+CREATE FUNCTION pgmq.format_table_name(queue_name text, prefix text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue_name ~ '\$|;|--|''' THEN
+        RAISE EXCEPTION 'queue name % contains a character PGMQ refuses ($, ;, -- or '')', quote_literal(queue_name)
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN lower(prefix || '_' || queue_name);
+END
+$$;
+
+-- The pgqueue queue a PGMQ name stands for: the name lowercased, as PGMQ's
+-- table names are. Not checked here: an impossible name is an unknown queue.
+CREATE FUNCTION pgmq._name(queue_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT lower(queue_name);
+$$;
+
+-- Raises 22023 unless pgqueue can hold the queue the name stands for.
+CREATE FUNCTION pgmq.validate_queue_name(queue_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue_name IS NULL OR lower(queue_name) !~ '^[a-z_][a-z0-9_]{0,47}$' THEN
+        RAISE EXCEPTION 'pgqueue cannot hold a queue named %', quote_nullable(queue_name)
+            USING ERRCODE = '22023',
+                  HINT = 'A pgqueue queue name is 1 to 48 letters, digits or underscores, not starting with a'
+                         ' digit; the pgmq facade lowercases it, as PGMQ does its table names (docs/pgmq.md).';
+    END IF;
+END
+$$;
+
+-- Serializes the creation and dropping of one queue name until commit, as
+-- PGMQ's does (same lock key).
+CREATE FUNCTION pgmq.acquire_queue_lock(queue_name text) RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgmq.queue_' || queue_name));
+$$;
+
+-- PGMQ's notify-on-insert channel of a queue: 'pgmq.q_<name>.INSERT', which is
+-- what PGMQ's trigger notifies and its clients LISTEN on.
+CREATE FUNCTION pgmq._channel(queue_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT 'pgmq.q_' || lower(queue_name) || '.INSERT';
+$$;
+
+-- Whole seconds from now until `delay`, rounded up (so never early), at least
+-- 0 (a time in the past is now) and at most 2147483647 (about 68 years, which
+-- 'infinity' becomes).
+CREATE FUNCTION pgmq._delay_seconds(delay timestamptz) RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT least(greatest(ceil(extract(epoch FROM delay) - extract(epoch FROM clock_timestamp())), 0),
+                 2147483647)::integer;
+$$;
+
+------------------------------------------------------------------------------
+-- The tables PGMQ's tools select from: read-only views
+------------------------------------------------------------------------------
+
+-- Raised by a write to any of the views.
+CREATE FUNCTION pgmq._read_only() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgmq.% is a read-only view of pgqueue''s tables', TG_TABLE_NAME
+        USING ERRCODE = '0A000',
+              HINT = 'Write through the functions (pgmq.send, pgmq.delete, pgmq.archive, pgmq.set_vt,'
+                     ' pgmq.create, pgmq.drop_queue); see docs/pgmq.md.';
+END
+$$;
+
+-- Gives SELECT on a view to pgqueue's consumer and operator roles, where
+-- they exist, and makes it read-only.
+CREATE FUNCTION pgmq._publish_view(view_name text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r text;
+BEGIN
+    EXECUTE format('CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON pgmq.%I'
+                   ' FOR EACH ROW EXECUTE FUNCTION pgmq._read_only()', view_name);
+    FOREACH r IN ARRAY ARRAY['pgqueue_consumer', 'pgqueue_operator'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('GRANT SELECT ON pgmq.%I TO %I', view_name, r);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- PGMQ's queue table and archive table of one queue, as views: the queue's
+-- live messages in pgqueue.message and its rows of pgqueue.archive, with
+-- PGMQ's columns in PGMQ's order.
+CREATE FUNCTION pgmq._create_views(queue_id integer, queue_name text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_q text := 'q_' || queue_name;
+    v_a text := 'a_' || queue_name;
+BEGIN
+    EXECUTE format('CREATE VIEW pgmq.%I AS'
+                   ' SELECT m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers'
+                   '   FROM pgqueue.message m WHERE m.queue_id = %s', v_q, queue_id);
+    EXECUTE format('COMMENT ON VIEW pgmq.%I IS %L', v_q,
+                   format('Live messages of pgqueue queue %s (read-only; the pgmq facade, docs/pgmq.md)',
+                          queue_name));
+    PERFORM pgmq._publish_view(v_q);
+    EXECUTE format('CREATE VIEW pgmq.%I AS'
+                   ' SELECT a.msg_id, a.read_ct, a.enqueued_at, a.last_read_at, a.archived_at, a.vt,'
+                   '        a.message, a.headers'
+                   '   FROM pgqueue.archive a WHERE a.queue_id = %s', v_a, queue_id);
+    EXECUTE format('COMMENT ON VIEW pgmq.%I IS %L', v_a,
+                   format('Archived messages of pgqueue queue %s (read-only; the pgmq facade, docs/pgmq.md)',
+                          queue_name));
+    PERFORM pgmq._publish_view(v_a);
+END
+$$;
+
+-- Keeps the views in step with pgqueue.queue, whichever API creates or drops
+-- the queue: the views come and go in the transaction that makes the change.
+CREATE FUNCTION pgmq._sync_views() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pgmq._create_views(NEW.queue_id, NEW.queue_name);
+    ELSE
+        EXECUTE format('DROP VIEW IF EXISTS pgmq.%I, pgmq.%I', 'q_' || OLD.queue_name, 'a_' || OLD.queue_name);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER pgmq_views
+    AFTER INSERT OR DELETE ON pgqueue.queue
+    FOR EACH ROW EXECUTE FUNCTION pgmq._sync_views();
+
+SELECT pgmq._create_views(q.queue_id, q.queue_name) FROM pgqueue.queue q ORDER BY q.queue_id;
+
+-- PGMQ's list of queues. pgqueue has neither partitioned nor unlogged queues.
+CREATE VIEW pgmq.meta AS
+    SELECT q.queue_name::varchar AS queue_name, false AS is_partitioned, false AS is_unlogged, q.created_at
+      FROM pgqueue.queue q;
+COMMENT ON VIEW pgmq.meta IS 'pgqueue''s queues, as PGMQ lists them (read-only; the pgmq facade, docs/pgmq.md)';
+SELECT pgmq._publish_view('meta');
+
+------------------------------------------------------------------------------
+-- Queues
+------------------------------------------------------------------------------
+
+-- Creates the queue unless it exists; an existing queue, whichever API made
+-- it, is left as it is (its max_attempts kept). A new one never poison-drops,
+-- as PGMQ never does: max_attempts = 2147483647.
+CREATE FUNCTION pgmq._create(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    v_name text := pgmq._name(queue_name);
+BEGIN
+    PERFORM pgmq.validate_queue_name(queue_name);
+    PERFORM pgmq.acquire_queue_lock(v_name);
+    IF NOT EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = v_name) THEN
+        PERFORM pgqueue.create_queue(v_name, max_attempts => 2147483647);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgmq.create(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgmq._create(queue_name);
+END
+$$;
+
+CREATE FUNCTION pgmq.create_non_partitioned(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgmq._create(queue_name);
+END
+$$;
+
+-- pgqueue's tables are logged: an unlogged queue is an ordinary one here.
+CREATE FUNCTION pgmq.create_unlogged(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgmq._create(queue_name);
+END
+$$;
+
+CREATE FUNCTION pgmq.create_partitioned(
+    queue_name text,
+    partition_interval text DEFAULT '10000',
+    retention_interval text DEFAULT '100000',
+    premake integer DEFAULT 4
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgqueue has no partitioned queues: cannot create % partitioned', quote_nullable(queue_name)
+        USING ERRCODE = '0A000',
+              HINT = 'Create it with pgmq.create(queue_name): one table holds every queue''s messages, and the'
+                     ' archive is trimmed with pgqueue.purge_archive (docs/pgmq.md).';
+END
+$$;
+
+CREATE FUNCTION pgmq.convert_archive_partitioned(
+    table_name text,
+    partition_interval text DEFAULT '10000',
+    retention_interval text DEFAULT '100000',
+    leading_partition integer DEFAULT 10
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgqueue has no partitioned archives: cannot convert the archive of %', quote_nullable(table_name)
+        USING ERRCODE = '0A000',
+              HINT = 'pgqueue keeps every queue''s archive in one table; trim it with pgqueue.purge_archive'
+                     ' (docs/pgmq.md).';
+END
+$$;
+
+-- Drops the queue with its messages, archive and poison; false (and a
+-- NOTICE) when there is no such queue.
+CREATE FUNCTION pgmq.drop_queue(queue_name text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    v_name text := pgmq._name(queue_name);
+BEGIN
+    PERFORM pgmq.acquire_queue_lock(v_name);
+    IF pgqueue.drop_queue(v_name) THEN
+        RETURN true;
+    END IF;
+    RAISE NOTICE 'queue % does not exist', quote_nullable(queue_name);
+    RETURN false;
+END
+$$;
+
+-- PGMQ's deprecated form; `partitioned` means nothing here.
+CREATE FUNCTION pgmq.drop_queue(queue_name text, partitioned boolean) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RAISE WARNING 'pgmq.drop_queue(queue_name, partitioned) is deprecated: call pgmq.drop_queue(queue_name)';
+    RETURN pgmq.drop_queue(queue_name);
+END
+$$;
+
+CREATE FUNCTION pgmq.purge_queue(queue_name text) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN pgqueue.purge_queue(pgmq._name(queue_name));
+END
+$$;
+
+-- Deprecated by PGMQ and a no-op there too: an archive here is never part of
+-- its queue's tables.
+CREATE FUNCTION pgmq.detach_archive(queue_name text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE WARNING 'pgmq.detach_archive(queue_name) is deprecated and does nothing';
+END
+$$;
+
+-- pgqueue indexes every group (message_group_idx): nothing to create.
+CREATE FUNCTION pgmq.create_fifo_index(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    PERFORM pgqueue._queue(pgmq._name(queue_name));  -- PGQ01 for an unknown queue
+END
+$$;
+
+CREATE FUNCTION pgmq.create_fifo_indexes_all() RETURNS void
+LANGUAGE sql
+AS $$
+$$;
+
+CREATE FUNCTION pgmq.list_queues() RETURNS SETOF pgmq.queue_record
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT q.queue_name::varchar, false, false, q.created_at FROM pgqueue.queue q ORDER BY q.queue_id;
+$$;
+
+-- total_messages is every msg_id the queue handed out (its sequence's
+-- position), as PGMQ counts. default_partition_length is NULL: no partitions.
+CREATE FUNCTION pgmq.metrics(queue_name text) RETURNS pgmq.metrics_result
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT metrics.queue_name, m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec, m.total_messages,
+           m.scrape_time, m.visible_length, NULL::bigint
+      FROM pgqueue._metrics(pgqueue._queue(pgmq._name(metrics.queue_name))) m;
+$$;
+
+CREATE FUNCTION pgmq.metrics_all() RETURNS SETOF pgmq.metrics_result
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT m.queue_name, m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec, m.total_messages,
+           m.scrape_time, m.visible_length, NULL::bigint
+      FROM pgqueue.queue q, LATERAL pgqueue._metrics(q) m
+     ORDER BY q.queue_id;
+$$;
+
+------------------------------------------------------------------------------
+-- Sending: through pgqueue.send and pgqueue.send_batch, the header
+-- x-pgmq-group as the group key.
+------------------------------------------------------------------------------
+
+-- The six overloads of send, as PGMQ has them (SETOF bigint, one row).
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg);
+END
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, group_key => headers ->> 'x-pgmq-group');
+END
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay integer) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, delay => delay);
+END
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay timestamptz) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, delay => pgmq._delay_seconds(delay));
+END
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay integer) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, delay,
+                             group_key => headers ->> 'x-pgmq-group');
+END
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay timestamptz) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, pgmq._delay_seconds(delay),
+                             group_key => headers ->> 'x-pgmq-group');
+END
+$$;
+
+-- One batch, the ids in the order of msgs. PGMQ refuses an empty batch.
+CREATE FUNCTION pgmq._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay integer)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    IF cardinality(msgs) = 0 THEN
+        RAISE EXCEPTION 'msgs must hold at least one message' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT pgqueue.send_batch(
+               pgmq._name(queue_name), msgs, headers, delay,
+               group_keys => CASE WHEN headers IS NOT NULL THEN
+                                 ARRAY(SELECT h ->> 'x-pgmq-group'
+                                         FROM unnest(headers) WITH ORDINALITY AS u (h, i) ORDER BY u.i)
+                             END);
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, 0);
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, 0);
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay integer) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, delay);
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay timestamptz) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, pgmq._delay_seconds(delay));
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], delay integer)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, delay);
+END
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, pgmq._delay_seconds(delay));
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Reading: every read is pgqueue._take, checked and paused as pgqueue.read.
+------------------------------------------------------------------------------
+
+-- Leases up to qty visible messages for vt seconds, those whose message
+-- contains `conditional` when it is not '{}'. FIFO groups are honoured (at
+-- most one message of a group, its oldest); a message past the queue's
+-- max_attempts is poison-dropped (PGQ10 notice) instead of handed out.
+CREATE FUNCTION pgmq.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', vt);
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    q := pgqueue._queue(pgmq._name(queue_name));
+    IF q.paused_at IS NOT NULL THEN
+        PERFORM pgqueue._notice_paused(q);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false, nullif(conditional, '{}'));
+END
+$$;
+
+-- read, again every poll_interval_ms until it hands something out or
+-- max_poll_seconds have passed (reading once more at the deadline). A paused
+-- queue is waited on like an empty one (one PGQ11 notice), so a client's poll
+-- loop does not spin; a resume ends the wait at the next round.
+CREATE FUNCTION pgmq.read_with_poll(
+    queue_name text,
+    vt integer,
+    qty integer,
+    max_poll_seconds integer DEFAULT 5,
+    poll_interval_ms integer DEFAULT 100,
+    conditional jsonb DEFAULT '{}'
+) RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue;
+    v_conditional jsonb := nullif(conditional, '{}');
+    v_deadline timestamptz;
+    v_told boolean := false;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', vt);
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    PERFORM pgqueue._require_nonnegative('max_poll_seconds', max_poll_seconds);
+    PERFORM pgqueue._require_nonnegative('poll_interval_ms', poll_interval_ms);
+    q := pgqueue._queue(pgmq._name(queue_name));
+    v_deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
+    LOOP
+        IF q.paused_at IS NULL THEN
+            RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false, v_conditional);
+            EXIT WHEN FOUND;
+        ELSIF NOT v_told THEN
+            PERFORM pgqueue._notice_paused(q);
+            v_told := true;
+        END IF;
+        EXIT WHEN clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(least(greatest(poll_interval_ms, 1) / 1000.0,
+                               extract(epoch FROM v_deadline - clock_timestamp())));
+        q := pgqueue._queue(q.queue_name);  -- a pause or resume since; PGQ01 once dropped
+    END LOOP;
+END
+$$;
+
+-- Removes and returns up to qty visible messages (FIFO groups honoured).
+CREATE FUNCTION pgmq.pop(queue_name text, qty integer DEFAULT 1)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+    q := pgqueue._queue(pgmq._name(queue_name));
+    IF q.paused_at IS NOT NULL THEN
+        PERFORM pgqueue._notice_paused(q);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue._take(q, 0, qty, true);
+END
+$$;
+
+-- PGMQ's grouped reads. pgqueue's reads always honour groups, handing out a
+-- group's oldest message only, so each is read (and read_with_poll): the
+-- heads of up to qty groups, oldest first, with ungrouped messages beside
+-- them. PGMQ's read_grouped fills a batch from one group; here a batch holds
+-- at most one message per group.
+CREATE FUNCTION pgmq.read_grouped(queue_name text, vt integer, qty integer)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
+END
+$$;
+
+CREATE FUNCTION pgmq.read_grouped_rr(queue_name text, vt integer, qty integer)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
+END
+$$;
+
+CREATE FUNCTION pgmq.read_grouped_head(queue_name text, vt integer, qty integer)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
+END
+$$;
+
+CREATE FUNCTION pgmq.read_grouped_with_poll(
+    queue_name text,
+    vt integer,
+    qty integer,
+    max_poll_seconds integer DEFAULT 5,
+    poll_interval_ms integer DEFAULT 100
+) RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
+END
+$$;
+
+CREATE FUNCTION pgmq.read_grouped_rr_with_poll(
+    queue_name text,
+    vt integer,
+    qty integer,
+    max_poll_seconds integer DEFAULT 5,
+    poll_interval_ms integer DEFAULT 100
+) RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
+END
+$$;
+
+CREATE FUNCTION pgmq.read_grouped_head_with_poll(
+    queue_name text,
+    vt integer,
+    qty integer,
+    max_poll_seconds integer DEFAULT 5,
+    poll_interval_ms integer DEFAULT 100
+) RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Acks and leases
+------------------------------------------------------------------------------
+
+CREATE FUNCTION pgmq.delete(queue_name text, msg_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN pgqueue.delete(pgmq._name(queue_name), msg_id);
+END
+$$;
+
+CREATE FUNCTION pgmq.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgqueue.delete(pgmq._name(queue_name), msg_ids);
+END
+$$;
+
+CREATE FUNCTION pgmq.archive(queue_name text, msg_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN pgqueue.archive(pgmq._name(queue_name), msg_id);
+END
+$$;
+
+CREATE FUNCTION pgmq.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT pgqueue.archive(pgmq._name(queue_name), msg_ids);
+END
+$$;
+
+-- PGMQ's set_vt: unfenced (it changes the lease of whoever holds the message
+-- now), any time, past ones included (the message is then visible at once;
+-- pgqueue's message_backdated trigger lists it for the reads). The messages
+-- are locked in msg_id order, as every multi-row write of pgqueue's locks
+-- (in any other order two such writes could deadlock); missing ids are
+-- skipped.
+CREATE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt timestamptz)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(pgmq._name(set_vt.queue_name));
+    v_tids tid[];
+BEGIN
+    IF set_vt.vt IS NULL THEN
+        RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(set_vt.msg_ids) AS i ORDER BY i) AS u (id));
+    RETURN QUERY
+    UPDATE pgqueue.message m SET vt = set_vt.vt
+     WHERE m.ctid = ANY (v_tids)
+    RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+END
+$$;
+
+CREATE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt integer)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
+END
+$$;
+
+CREATE FUNCTION pgmq.set_vt(queue_name text, msg_id bigint, vt timestamptz)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(pgmq._name(set_vt.queue_name));
+BEGIN
+    IF set_vt.vt IS NULL THEN
+        RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    RETURN QUERY
+    UPDATE pgqueue.message m SET vt = set_vt.vt
+     WHERE m.queue_id = q.queue_id AND m.msg_id = set_vt.msg_id
+    RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+END
+$$;
+
+CREATE FUNCTION pgmq.set_vt(queue_name text, msg_id bigint, vt integer)
+RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_id, clock_timestamp() + make_interval(secs => vt));
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Notify on insert: pgqueue.queue.notify_channel set to PGMQ's channel, so
+-- every send (of either API) notifies it, at most once per
+-- notify_throttle_ms (0: every send).
+------------------------------------------------------------------------------
+
+CREATE FUNCTION pgmq.enable_notify_insert(queue_name text, throttle_interval_ms integer DEFAULT 250)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('throttle_interval_ms', enable_notify_insert.throttle_interval_ms);
+    UPDATE pgqueue.queue
+       SET notify_channel = pgmq._channel(queue_name), notify_throttle_ms = enable_notify_insert.throttle_interval_ms
+     WHERE queue_name = pgmq._name(enable_notify_insert.queue_name)
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        PERFORM pgqueue._queue(pgmq._name(enable_notify_insert.queue_name));  -- raises PGQ01
+    END IF;
+    DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;  -- the next send notifies
+END
+$$;
+
+CREATE FUNCTION pgmq.update_notify_insert(queue_name text, throttle_interval_ms integer)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('throttle_interval_ms', update_notify_insert.throttle_interval_ms);
+    q := pgqueue._queue(pgmq._name(update_notify_insert.queue_name));
+    UPDATE pgqueue.queue SET notify_throttle_ms = update_notify_insert.throttle_interval_ms
+     WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue % does not notify on insert', q.queue_name
+            USING ERRCODE = '55000', HINT = 'Enable it first with pgmq.enable_notify_insert().';
+    END IF;
+    DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;
+END
+$$;
+
+CREATE FUNCTION pgmq.disable_notify_insert(queue_name text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(pgmq._name(disable_notify_insert.queue_name));
+BEGIN
+    UPDATE pgqueue.queue SET notify_channel = NULL, notify_throttle_ms = 0
+     WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
+    DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;
+END
+$$;
+
+-- last_notified_at is the epoch until a throttled queue's first notification
+-- (an unthrottled queue keeps no time), as PGMQ shows it.
+CREATE FUNCTION pgmq.list_notify_insert_throttles()
+RETURNS TABLE (queue_name text, throttle_interval_ms integer, last_notified_at timestamptz)
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT q.queue_name, q.notify_throttle_ms, coalesce(n.sent_at, to_timestamp(0))
+      FROM pgqueue.queue q LEFT JOIN pgqueue.notify_sent n ON n.queue_id = q.queue_id
+     WHERE q.notify_channel IS NOT NULL
+     ORDER BY q.queue_name;
+$$;
+
+------------------------------------------------------------------------------
+-- Privileges
+------------------------------------------------------------------------------
+
+DO $$
+DECLARE
+    f record;
+    r text;
+    v_consumer constant text[] := ARRAY[
+        'send', 'send_batch', 'read', 'read_with_poll', 'pop', 'read_grouped', 'read_grouped_with_poll',
+        'read_grouped_rr', 'read_grouped_rr_with_poll', 'read_grouped_head', 'read_grouped_head_with_poll',
+        'delete', 'archive', 'set_vt', 'list_queues', 'metrics', 'metrics_all', 'format_table_name',
+        'validate_queue_name', 'list_notify_insert_throttles'];
+    v_producer constant text[] := ARRAY['send', 'send_batch', 'format_table_name', 'validate_queue_name'];
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS fn, p.proname FROM pg_proc p
+              WHERE p.pronamespace = 'pgmq'::regnamespace ORDER BY 1
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.fn);
+        CONTINUE WHEN left(f.proname, 1) = '_';  -- internal: called by the functions below only
+        FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_consumer', 'pgqueue_operator'] LOOP
+            IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)
+               AND (r = 'pgqueue_operator'
+                    OR (r = 'pgqueue_consumer' AND f.proname = ANY (v_consumer))
+                    OR (r = 'pgqueue_producer' AND f.proname = ANY (v_producer))) THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.fn, r);
+            END IF;
+        END LOOP;
+    END LOOP;
+    FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_consumer', 'pgqueue_operator'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('GRANT USAGE ON SCHEMA pgmq TO %I', r);
+        END IF;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,900 @@
+"""The pgmq facade in SQL (sql/pgmq/10_facade.sql): PGMQ 1.13's functions over pgqueue's queues.
+
+Every function is called in each of its overloads on a real server, each test
+in a database of its own. One queue, two APIs: what one API sends, the other
+reads; views and queues stay in step whichever API creates or drops them.
+The differential tests hold the facade's signatures, types and result columns
+against real PGMQ installed from the `pgmq` package's own pgmq.sql.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+FACADE = Path(__file__).resolve().parents[2] / "sql" / "pgmq" / "10_facade.sql"
+
+# PGMQ's topic functions: another file of the facade (20_topics.sql).
+TOPICS = {
+    "bind_topic",
+    "unbind_topic",
+    "send_topic",
+    "send_batch_topic",
+    "list_topic_bindings",
+    "test_routing",
+    "validate_routing_key",
+    "validate_topic_pattern",
+}
+
+Conn = psycopg.Connection[Any]
+
+
+def install(conn: Conn) -> None:
+    """Install the facade the way the installer does, or by hand until the installer exists."""
+    try:
+        from pgqueue._pgmq import install as installer  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        with conn.transaction():
+            conn.execute("CREATE SCHEMA pgmq")
+            conn.execute(FACADE.read_text().encode())
+        return
+    installer(conn)
+
+
+@pytest.fixture
+def facade(request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database of this test's own with the facade installed."""
+    try:
+        import pgqueue._pgmq  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        dsn = str(request.getfixturevalue("dsn"))
+        with psycopg.connect(dsn, autocommit=True) as c:
+            install(c)
+        return dsn
+    return str(request.getfixturevalue("facade_dsn"))
+
+
+@pytest.fixture
+def conn(facade: str) -> Iterator[Conn]:
+    """An autocommit connection to the facade's database."""
+    with psycopg.connect(facade, autocommit=True) as c:
+        yield c
+
+
+def rows(conn: Conn, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    return conn.execute(query, params or None).fetchall()
+
+
+def one(conn: Conn, query: str, *params: Any) -> Any:
+    row = conn.execute(query, params or None).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def sqlstate(conn: Conn, query: str, *params: Any) -> str | None:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(query, params or None)
+    return err.value.sqlstate
+
+
+def notices(conn: Conn) -> list[tuple[str | None, str | None, str]]:
+    """(sqlstate, severity, message) of every notice the connection gets from now on."""
+    seen: list[tuple[str | None, str | None, str]] = []
+
+    def keep(d: psycopg.errors.Diagnostic) -> None:  # d is valid during the call only
+        seen.append((d.sqlstate, d.severity_nonlocalized, d.message_primary or ""))
+
+    conn.add_notice_handler(keep)
+    return seen
+
+
+def views(conn: Conn) -> set[str]:
+    return {r[0] for r in rows(conn, "SELECT viewname FROM pg_views WHERE schemaname = 'pgmq'")} - {
+        "meta"
+    }
+
+
+def pgqueue_row(conn: Conn, queue: str, msg_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT m.message, m.headers, m.group_key, m.vt - m.enqueued_at FROM pgqueue.message m"
+        " JOIN pgqueue.queue q USING (queue_id) WHERE q.queue_name = %s AND m.msg_id = %s",
+        (queue, msg_id),
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+# --- installing ------------------------------------------------------------
+
+
+def test_install_makes_views_for_existing_queues_and_reinstalls_after_a_drop(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pgqueue.create_queue('before', 3)")
+        c.execute("SELECT pgqueue.send('before', '{\"n\": 1}')")
+        install(c)
+        assert views(c) == {"q_before", "a_before"}
+        assert rows(c, "SELECT msg_id, message FROM pgmq.q_before") == [(1, {"n": 1})]
+        c.execute("DROP SCHEMA pgmq CASCADE")
+        # the trigger on pgqueue.queue went with the schema: queues still work
+        c.execute("SELECT pgqueue.create_queue('between')")
+        c.execute("SELECT pgqueue.drop_queue('between')")
+        install(c)
+        c.execute("SELECT pgmq.create('after')")
+        assert views(c) == {"q_before", "a_before", "q_after", "a_after"}
+        assert (
+            one(
+                c,
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgqueue.queue'::regclass"
+                " AND tgname = 'pgmq_views'",
+            )
+            == 1
+        )
+
+
+# --- queues ------------------------------------------------------------------
+
+
+def test_every_create_makes_a_pgqueue_queue_that_never_poison_drops(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('plain')")
+    conn.execute("SELECT pgmq.create_non_partitioned('nonpart')")
+    conn.execute("SELECT pgmq.create_unlogged('unlogged')")
+    got = rows(conn, "SELECT queue_name, max_attempts FROM pgqueue.queue ORDER BY queue_name")
+    assert got == [("nonpart", 2147483647), ("plain", 2147483647), ("unlogged", 2147483647)]
+    assert rows(conn, "SELECT * FROM pgmq.list_queues()") == [
+        (n, False, False, c)
+        for n, c in rows(conn, "SELECT queue_name, created_at FROM pgqueue.queue ORDER BY queue_id")
+    ]
+    conn.execute("SELECT pgmq.create('plain')")  # again: a no-op
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 3
+
+
+def test_create_leaves_an_existing_pgqueue_queue_as_it_is(conn: Conn) -> None:
+    conn.execute("SELECT pgqueue.create_queue('jobs', 4)")
+    conn.execute("SELECT pgmq.create('jobs')")
+    conn.execute("SELECT pgmq.create_unlogged('jobs')")
+    assert one(conn, "SELECT max_attempts FROM pgqueue.queue WHERE queue_name = 'jobs'") == 4
+
+
+def test_mixed_case_names_are_one_lowercase_queue_as_in_pgmq(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('MyQueue')")
+    assert rows(conn, "SELECT queue_name FROM pgqueue.queue") == [("myqueue",)]
+    mid = one(conn, "SELECT * FROM pgmq.send('MyQueue', %s)", Jsonb({"a": 1}))
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('MYQUEUE', 30, 5)")] == [mid]
+    assert one(conn, "SELECT pgmq.format_table_name('MyQueue', 'q')") == "q_myqueue"
+    assert views(conn) == {"q_myqueue", "a_myqueue"}
+    assert one(conn, "SELECT pgmq.drop_queue('myQUEUE')") is True
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["my-queue", "1queue", "a" * 49, "", "x; DROP TABLE pgqueue.message", 'q"x', "caf\u00e9"],
+)
+def test_a_name_pgqueue_cannot_hold_is_refused_clearly(conn: Conn, name: str) -> None:
+    for fn in ("create", "create_non_partitioned", "create_unlogged", "validate_queue_name"):
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(f"SELECT pgmq.{fn}(%s)", (name,))
+        assert err.value.sqlstate == "22023"
+        assert "pgqueue cannot hold a queue named" in str(err.value)
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 0
+    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
+
+
+def test_validate_queue_name_accepts_what_pgqueue_holds(conn: Conn) -> None:
+    for name in ("a", "Orders_2", "_x", "a" * 48):
+        conn.execute("SELECT pgmq.validate_queue_name(%s)", (name,))
+
+
+def test_format_table_name_is_pgmqs(conn: Conn) -> None:
+    assert one(conn, "SELECT pgmq.format_table_name('Jobs', 'a')") == "a_jobs"
+    assert sqlstate(conn, "SELECT pgmq.format_table_name('a;b', 'q')") == "22023"
+    assert sqlstate(conn, "SELECT pgmq.format_table_name('a--b', 'q')") == "22023"
+
+
+def test_partitioned_queues_are_refused_pointing_at_create(conn: Conn) -> None:
+    for query in (
+        "SELECT pgmq.create_partitioned('p')",
+        "SELECT pgmq.create_partitioned('p', '1 day', '7 days', 2)",
+        "SELECT pgmq.convert_archive_partitioned('p')",
+        "SELECT pgmq.convert_archive_partitioned('p', '10000', '100000', 10)",
+    ):
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as err:
+            conn.execute(query)
+        assert "pgqueue has no partitioned" in str(err.value)
+        hint = err.value.diag.message_hint or ""
+        assert "docs/pgmq.md" in hint
+        assert "pgmq.create(" in hint or "convert" in query
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 0
+
+
+def test_drop_purge_detach_and_fifo_indexes(conn: Conn) -> None:
+    seen = notices(conn)
+    conn.execute("SELECT pgmq.create('d')")
+    conn.execute(
+        "SELECT * FROM pgmq.send_batch('d', %s::jsonb[])", ([Jsonb({"i": i}) for i in range(3)],)
+    )
+    assert one(conn, "SELECT pgmq.purge_queue('d')") == 3
+    assert one(conn, "SELECT pgmq.purge_queue('d')") == 0
+    conn.execute("SELECT pgmq.detach_archive('d')")
+    conn.execute("SELECT pgmq.create_fifo_index('d')")
+    conn.execute("SELECT pgmq.create_fifo_indexes_all()")
+    assert sqlstate(conn, "SELECT pgmq.create_fifo_index('nope')") == "PGQ01"
+    assert one(conn, "SELECT pgmq.drop_queue('d')") is True
+    assert one(conn, "SELECT pgmq.drop_queue('d')") is False
+    conn.execute("SELECT pgmq.create('d2')")
+    assert one(conn, "SELECT pgmq.drop_queue('d2', false)") is True
+    assert one(conn, "SELECT pgmq.drop_queue('d2', true)") is False
+    assert any(s == "WARNING" and "detach_archive" in m for _c, s, m in seen)
+    assert any(s == "WARNING" and "deprecated" in m and "drop_queue" in m for _c, s, m in seen)
+    assert any(s == "NOTICE" and "does not exist" in m for _c, s, m in seen)
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 0
+
+
+def test_acquire_queue_lock_holds_until_commit(facade: str, conn: Conn) -> None:
+    with psycopg.connect(facade) as other:
+        other.execute("SELECT pgmq.acquire_queue_lock('q')")
+        got = one(
+            conn,
+            "SELECT pg_try_advisory_xact_lock(hashtext('pgmq.queue_q'))",
+        )
+        assert got is False
+        other.rollback()
+    assert one(conn, "SELECT pg_try_advisory_xact_lock(hashtext('pgmq.queue_q'))") is True
+
+
+# --- views ---------------------------------------------------------------------
+
+
+def test_views_follow_queues_created_and_dropped_through_either_api(conn: Conn) -> None:
+    conn.execute("SELECT pgqueue.create_queue('by_pgqueue')")
+    conn.execute("SELECT pgmq.create('by_pgmq')")
+    assert views(conn) == {"q_by_pgqueue", "a_by_pgqueue", "q_by_pgmq", "a_by_pgmq"}
+    assert rows(conn, "SELECT queue_name FROM pgmq.meta ORDER BY 1") == [
+        ("by_pgmq",),
+        ("by_pgqueue",),
+    ]
+    conn.execute("SELECT pgmq.drop_queue('by_pgqueue')")
+    assert views(conn) == {"q_by_pgmq", "a_by_pgmq"}
+    conn.execute("SELECT pgqueue.drop_queue('by_pgmq')")
+    assert views(conn) == set()
+    assert rows(conn, "SELECT * FROM pgmq.meta") == []
+
+
+def test_a_rolled_back_create_leaves_no_view(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.RaiseException), conn.transaction():
+        conn.execute("SELECT pgmq.create('gone')")
+        assert views(conn) == {"q_gone", "a_gone"}
+        conn.execute("DO $$ BEGIN RAISE EXCEPTION 'roll back'; END $$")
+    assert views(conn) == set()
+
+
+def test_views_show_live_and_archived_messages_with_pgmqs_columns(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('v')")
+    conn.execute("SELECT pgmq.create('other')")
+    conn.execute("SELECT * FROM pgmq.send('other', '{}')")
+    ids = [
+        r[0]
+        for r in rows(conn, "SELECT * FROM pgmq.send_batch('v', %s::jsonb[])", [Jsonb(1), Jsonb(2)])
+    ]
+    conn.execute("SELECT * FROM pgmq.read('v', 30, 1)")
+    conn.execute("SELECT pgmq.archive('v', %s::bigint)", (ids[0],))
+    cur = conn.execute("SELECT * FROM pgmq.q_v")
+    assert [d.name for d in cur.description or []] == [
+        "msg_id", "read_ct", "enqueued_at", "last_read_at", "vt", "message", "headers",
+    ]  # fmt: skip
+    assert [(r[0], r[1], r[3], r[5]) for r in cur.fetchall()] == [(ids[1], 0, None, 2)]
+    cur = conn.execute("SELECT * FROM pgmq.a_v")
+    assert [d.name for d in cur.description or []] == [
+        "msg_id", "read_ct", "enqueued_at", "last_read_at", "archived_at", "vt", "message",
+        "headers",
+    ]  # fmt: skip
+    (archived,) = cur.fetchall()
+    assert archived[0] == ids[0] and archived[1] == 1 and archived[3] is not None
+    assert archived[4] is not None and archived[6] == 1
+
+
+def test_the_views_are_read_only(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('ro')")
+    conn.execute("SELECT * FROM pgmq.send('ro', '{}')")
+    for query in (
+        "INSERT INTO pgmq.q_ro (msg_id, read_ct, enqueued_at, vt, message)"
+        " VALUES (9, 0, now(), now(), '{}')",
+        "UPDATE pgmq.q_ro SET vt = now()",
+        "DELETE FROM pgmq.q_ro",
+        "UPDATE pgmq.meta SET created_at = now()",
+    ):
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as err:
+            conn.execute(query)
+        assert "read-only view" in str(err.value)
+    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 1
+
+
+def test_a_hostile_queue_name_reaches_the_views_quoted(conn: Conn) -> None:
+    # pgqueue.create_queue refuses such names; an owner's direct insert is the only way in
+    name = 'x"; DROP TABLE pgqueue.message; --'
+    conn.execute(
+        "INSERT INTO pgqueue.queue (queue_id, queue_name, max_attempts, msg_seq)"
+        " VALUES (999, %s, 1, 'pgqueue.queue_id_seq')",
+        (name,),
+    )
+    assert views(conn) == {"q_" + name, "a_" + name}
+    assert one(conn, "SELECT to_regclass('pgqueue.message') IS NOT NULL") is True
+    conn.execute("DELETE FROM pgqueue.queue WHERE queue_id = 999")
+    assert views(conn) == set()
+
+
+# --- sending -------------------------------------------------------------------
+
+
+def test_send_in_all_six_forms(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('s')")
+    msg, hdr = Jsonb({"k": "v"}), Jsonb({"x-pgmq-group": "g", "h": 1})
+    soon = one(conn, "SELECT clock_timestamp() + interval '5 seconds'")
+    base = "SELECT * FROM pgmq.send(queue_name=>%s, msg=>%s"
+    calls = [
+        (base + ")", (msg,), None, None, 0),
+        (base + ", headers=>%s)", (msg, hdr), hdr.obj, "g", 0),
+        (base + ", delay=>%s::integer)", (msg, 7), None, None, 7),
+        (base + ", delay=>%s::timestamptz)", (msg, soon), None, None, 5),
+        (base + ", headers=>%s, delay=>%s::integer)", (msg, hdr, 3), hdr.obj, "g", 3),
+        (base + ", headers=>%s, delay=>%s::timestamptz)", (msg, hdr, soon), hdr.obj, "g", 5),
+    ]
+    for query, params, headers, group, delay in calls:
+        got = rows(conn, query, "s", *params)
+        assert len(got) == 1
+        message, stored_headers, group_key, hidden = pgqueue_row(conn, "s", got[0][0])
+        assert (message, stored_headers, group_key) == ({"k": "v"}, headers, group)
+        # a timestamp delay is whole seconds from now, rounded up: never early
+        assert hidden == timedelta(seconds=delay)
+    # positional forms resolve as in PGMQ
+    assert one(conn, "SELECT * FROM pgmq.send('s', '{}'::jsonb, 0)") == 7
+
+
+def test_a_timestamp_delay_is_rounded_up_and_a_past_one_is_now(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('t')")
+    a = one(conn, "SELECT * FROM pgmq.send('t', '1', clock_timestamp() + interval '1.2 seconds')")
+    b = one(conn, "SELECT * FROM pgmq.send('t', '2', clock_timestamp() - interval '1 hour')")
+    c = one(conn, "SELECT * FROM pgmq.send('t', '3', 'infinity'::timestamptz)")
+    assert pgqueue_row(conn, "t", a)[3] == timedelta(seconds=2)
+    assert pgqueue_row(conn, "t", b)[3] == timedelta(0)
+    assert pgqueue_row(conn, "t", c)[3] == timedelta(seconds=2147483647)
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('t', 30, 5)")] == [b]
+
+
+def test_send_batch_in_all_six_forms(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('b')")
+    msgs = [Jsonb({"i": 1}), Jsonb({"i": 2})]
+    hdrs = [Jsonb({"x-pgmq-group": "g1"}), Jsonb({"other": True})]
+    soon = one(conn, "SELECT clock_timestamp() + interval '4 seconds'")
+    base = "SELECT * FROM pgmq.send_batch(queue_name=>%s, msgs=>%s::jsonb[]"
+    calls = [
+        (base + ")", (msgs,), None, 0),
+        (base + ", headers=>%s::jsonb[])", (msgs, hdrs), hdrs, 0),
+        (base + ", delay=>%s::integer)", (msgs, 6), None, 6),
+        (base + ", delay=>%s::timestamptz)", (msgs, soon), None, 4),
+        (base + ", headers=>%s::jsonb[], delay=>%s::integer)", (msgs, hdrs, 2), hdrs, 2),
+        (base + ", headers=>%s::jsonb[], delay=>%s::timestamptz)", (msgs, hdrs, soon), hdrs, 4),
+    ]
+    for query, params, headers, delay in calls:
+        ids = [r[0] for r in rows(conn, query, "b", *params)]
+        assert len(ids) == 2 and ids[0] < ids[1]
+        for n, mid in enumerate(ids):
+            message, stored, group_key, hidden = pgqueue_row(conn, "b", mid)
+            assert message == {"i": n + 1}
+            assert stored == (headers[n].obj if headers else None)
+            assert group_key == ("g1" if headers and n == 0 else None)
+            assert hidden == timedelta(seconds=delay)
+
+
+def test_headers_that_are_not_an_object_are_refused(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('h')")
+    for bad in ("[1]", '"text"', "3", "null"):
+        assert sqlstate(conn, "SELECT * FROM pgmq.send('h', '{}', %s::jsonb)", bad) == "22023"
+        assert (
+            sqlstate(
+                conn,
+                "SELECT * FROM pgmq.send_batch('h', ARRAY['{}']::jsonb[], ARRAY[%s]::jsonb[])",
+                bad,
+            )
+            == "22023"
+        )
+    assert sqlstate(conn, "SELECT * FROM pgmq.send_batch('h', ARRAY[]::jsonb[])") == "22023"
+    assert (
+        sqlstate(
+            conn,
+            "SELECT * FROM pgmq.send_batch('h', ARRAY['1','2']::jsonb[], ARRAY['{}']::jsonb[])",
+        )
+        == "22023"
+    )
+    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
+
+
+def test_an_unknown_queue_is_PGQ01_everywhere(conn: Conn) -> None:
+    for query in (
+        "SELECT * FROM pgmq.send('nope', '{}')",
+        "SELECT * FROM pgmq.send_batch('nope', ARRAY['{}']::jsonb[])",
+        "SELECT * FROM pgmq.read('nope', 30, 1)",
+        "SELECT * FROM pgmq.read_with_poll('nope', 30, 1, 1, 10)",
+        "SELECT * FROM pgmq.read_grouped('nope', 30, 1)",
+        "SELECT * FROM pgmq.pop('nope')",
+        "SELECT pgmq.delete('nope', 1::bigint)",
+        "SELECT * FROM pgmq.archive('nope', ARRAY[1]::bigint[])",
+        "SELECT * FROM pgmq.set_vt('nope', 1::bigint, 5)",
+        "SELECT * FROM pgmq.set_vt('nope', ARRAY[1]::bigint[], now())",
+        "SELECT * FROM pgmq.metrics('nope')",
+        "SELECT pgmq.purge_queue('nope')",
+        "SELECT pgmq.enable_notify_insert('nope')",
+        "SELECT pgmq.disable_notify_insert('nope')",
+        "SELECT pgmq.update_notify_insert('nope', 5)",
+    ):
+        assert sqlstate(conn, query) == "PGQ01", query
+
+
+# --- one queue, two APIs -----------------------------------------------------------
+
+
+def test_what_one_api_sends_the_other_reads(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('both')")
+    a = one(conn, "SELECT * FROM pgmq.send('both', '{\"from\": \"pgmq\"}', '{\"x\": 1}'::jsonb)")
+    got = rows(conn, "SELECT msg_id, read_ct, message, headers FROM pgqueue.read('both', 30, 5)")
+    assert got == [(a, 1, {"from": "pgmq"}, {"x": 1})]
+    assert one(conn, "SELECT pgqueue.delete('both', %s::bigint)", a) is True
+    b = one(conn, "SELECT pgqueue.send('both', '{\"from\": \"pgqueue\"}', group_key => 'g')")
+    got = rows(conn, "SELECT msg_id, read_ct, message, headers FROM pgmq.read('both', 30, 5)")
+    assert got == [(b, 1, {"from": "pgqueue"}, None)]
+    assert one(conn, "SELECT pgmq.delete('both', %s::bigint)", b) is True
+    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
+
+
+# --- reading -------------------------------------------------------------------
+
+
+def test_read_leases_with_last_read_at_and_conditional_filters(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('r')")
+    ids = [
+        one(conn, "SELECT * FROM pgmq.send('r', %s)", Jsonb(m))
+        for m in ({"kind": "a", "n": 1}, {"kind": "b", "n": 2}, {"kind": "a", "n": 3})
+    ]
+    got = rows(conn, "SELECT * FROM pgmq.read('r', 30, 10, '{\"kind\": \"a\"}')")
+    assert [r[0] for r in got] == [ids[0], ids[2]]
+    for _id, read_ct, enqueued_at, last_read_at, vt, _m, _h in got:
+        assert read_ct == 1 and last_read_at is not None and last_read_at > enqueued_at
+        assert timedelta(seconds=29) < vt - last_read_at <= timedelta(seconds=30)
+    # '{}' and NULL filter nothing
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('r', 30, 10, '{}')")] == [ids[1]]
+    conn.execute("SELECT * FROM pgmq.set_vt('r', %s::bigint[], 0)", (ids,))
+    assert len(rows(conn, "SELECT * FROM pgmq.read('r', 30, 10, NULL)")) == 3
+    conn.execute("SELECT * FROM pgmq.set_vt('r', %s::bigint[], 0)", (ids,))
+    assert len(rows(conn, "SELECT * FROM pgmq.read(queue_name=>'r', vt=>30, qty=>2)")) == 2
+    assert sqlstate(conn, "SELECT * FROM pgmq.read('r', -1, 1)") == "22023"
+    assert sqlstate(conn, "SELECT * FROM pgmq.read('r', 1, -1)") == "22023"
+
+
+def test_read_with_poll_waits_for_a_delayed_message_and_gives_up_at_the_deadline(
+    conn: Conn,
+) -> None:
+    conn.execute("SELECT pgmq.create('p')")
+    started = time.monotonic()
+    assert rows(conn, "SELECT * FROM pgmq.read_with_poll('p', 30, 1, 1, 50)") == []
+    assert 0.9 < time.monotonic() - started < 2.0
+    mid = one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 1}', 1)")
+    started = time.monotonic()
+    got = rows(conn, "SELECT * FROM pgmq.read_with_poll(queue_name=>'p', vt=>30, qty=>5)")
+    assert [r[0] for r in got] == [mid]
+    assert time.monotonic() - started < 2.5
+    one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 2}')")
+    c = one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 3}')")
+    got = rows(conn, "SELECT * FROM pgmq.read_with_poll('p', 30, 5, 1, 100, '{\"a\": 3}')")
+    assert [r[0] for r in got] == [c]
+    assert sqlstate(conn, "SELECT * FROM pgmq.read_with_poll('p', 30, 5, -1)") == "22023"
+
+
+def test_pop_removes_and_returns(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('pp')")
+    ids = [
+        r[0]
+        for r in rows(
+            conn, "SELECT * FROM pgmq.send_batch('pp', %s::jsonb[])", [Jsonb(i) for i in range(3)]
+        )
+    ]
+    first = rows(conn, "SELECT * FROM pgmq.pop('pp')")
+    assert [r[0] for r in first] == ids[:1]
+    assert first[0][5] == 0
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.pop(queue_name=>'pp', qty=>5)")] == ids[1:]
+    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
+    assert one(conn, "SELECT count(*) FROM pgqueue.archive") == 0
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "read_grouped",
+        "read_grouped_rr",
+        "read_grouped_head",
+        "read_grouped_with_poll",
+        "read_grouped_rr_with_poll",
+        "read_grouped_head_with_poll",
+    ],
+)
+def test_grouped_reads_hand_out_each_groups_head_in_order(conn: Conn, fn: str) -> None:
+    conn.execute("SELECT pgmq.create('g')")
+    sent: dict[str | None, list[int]] = {"a": [], "b": [], None: []}
+    for group in ("a", "a", "b", None, "a", "b", None):
+        headers = Jsonb({"x-pgmq-group": group}) if group else Jsonb({})
+        sent[group].append(one(conn, "SELECT * FROM pgmq.send('g', '{}', %s)", headers))
+    extra = ", 1, 50" if fn.endswith("_with_poll") else ""
+    read = f"SELECT * FROM pgmq.{fn}('g', 30, 10{extra})"
+    got = [r[0] for r in rows(conn, read)]
+    # one message per group (its oldest), ungrouped ones beside them
+    assert sorted(got) == sorted([sent["a"][0], sent["b"][0], *sent[None]])
+    # nothing more while the heads are leased
+    assert rows(conn, f"SELECT * FROM pgmq.{fn}('g', 30, 10{', 0, 10' if extra else ''})") == []
+    for mid in got:
+        conn.execute("SELECT pgmq.delete('g', %s::bigint)", (mid,))
+    assert sorted(r[0] for r in rows(conn, read)) == [sent["a"][1], sent["b"][1]]
+    # named arguments, as PGMQ's clients call them
+    conn.execute(f"SELECT * FROM pgmq.{fn}(queue_name=>'g', vt=>1, qty=>1)")
+
+
+def test_a_paused_queue_reads_nothing_and_says_so(facade: str, conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('z')")
+    mid = one(conn, "SELECT * FROM pgmq.send('z', '{}')")
+    conn.execute("SELECT pgqueue.pause_queue('z')")
+    seen = notices(conn)
+    assert rows(conn, "SELECT * FROM pgmq.read('z', 30, 1)") == []
+    assert rows(conn, "SELECT * FROM pgmq.pop('z')") == []
+    assert rows(conn, "SELECT * FROM pgmq.read_grouped('z', 30, 1)") == []
+    started = time.monotonic()
+    assert rows(conn, "SELECT * FROM pgmq.read_with_poll('z', 30, 1, 1, 50)") == []
+    assert time.monotonic() - started > 0.9  # waited like on an empty queue, not a busy loop
+    assert [n[0] for n in seen] == ["PGQ11"] * 4
+    # a resume during the poll ends the wait
+    with psycopg.connect(facade, autocommit=True) as other:
+        resumer = threading.Timer(0.3, other.execute, ("SELECT pgqueue.resume_queue('z')",))
+        resumer.start()
+        started = time.monotonic()
+        got = rows(conn, "SELECT * FROM pgmq.read_with_poll('z', 30, 1, 3, 50)")
+        resumer.join()
+    assert [r[0] for r in got] == [mid]
+    assert time.monotonic() - started < 2
+
+
+# --- poison ---------------------------------------------------------------------
+
+
+def test_a_pgmq_queue_never_poison_drops_a_pgqueue_limit_does(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('forever')")
+    mid = one(conn, "SELECT * FROM pgmq.send('forever', '{}')")
+    for n in range(1, 31):
+        got = rows(conn, "SELECT msg_id, read_ct FROM pgmq.read('forever', 0, 1)")
+        assert got == [(mid, n)]
+    conn.execute("SELECT pgqueue.create_queue('limited', 2)")
+    conn.execute("SELECT pgmq.create('limited')")  # keeps max_attempts 2
+    lim = one(conn, "SELECT * FROM pgmq.send('limited', '{\"x\": 1}')")
+    seen = notices(conn)
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('limited', 0, 1)")] == [lim]
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('limited', 0, 1)")] == [lim]
+    assert rows(conn, "SELECT * FROM pgmq.read('limited', 0, 1)") == []
+    assert [n[0] for n in seen] == ["PGQ10"]
+    assert rows(
+        conn,
+        "SELECT p.msg_id, p.message FROM pgqueue.poison p JOIN pgqueue.queue q USING (queue_id)"
+        " WHERE q.queue_name = 'limited'",
+    ) == [(lim, {"x": 1})]
+    assert one(conn, "SELECT count(*) FROM pgmq.q_limited") == 0
+
+
+# --- acks and leases --------------------------------------------------------------
+
+
+def test_delete_and_archive_single_and_many(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('a')")
+    ids = [
+        r[0]
+        for r in rows(
+            conn, "SELECT * FROM pgmq.send_batch('a', %s::jsonb[])", [Jsonb(i) for i in range(6)]
+        )
+    ]
+    assert one(conn, "SELECT pgmq.delete('a', %s::bigint)", ids[0]) is True
+    assert one(conn, "SELECT pgmq.delete('a', %s::bigint)", ids[0]) is False
+    assert (
+        sorted(
+            r[0]
+            for r in rows(
+                conn, "SELECT * FROM pgmq.delete('a', %s::bigint[])", [ids[1], ids[2], 999]
+            )
+        )
+        == ids[1:3]
+    )
+    assert one(conn, "SELECT pgmq.archive('a', %s::bigint)", ids[3]) is True
+    assert one(conn, "SELECT pgmq.archive('a', %s::bigint)", ids[3]) is False
+    assert (
+        sorted(
+            r[0]
+            for r in rows(
+                conn, "SELECT * FROM pgmq.archive('a', %s::bigint[])", [ids[4], ids[5], 999]
+            )
+        )
+        == ids[4:]
+    )
+    assert [r[0] for r in rows(conn, "SELECT msg_id FROM pgmq.a_a ORDER BY 1")] == ids[3:]
+    assert one(conn, "SELECT count(*) FROM pgmq.q_a") == 0
+
+
+def test_set_vt_in_all_four_forms(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('vt')")
+    ids = [
+        r[0]
+        for r in rows(
+            conn, "SELECT * FROM pgmq.send_batch('vt', %s::jsonb[])", [Jsonb(i) for i in range(3)]
+        )
+    ]
+    leased = {r[0]: r[3] for r in rows(conn, "SELECT * FROM pgmq.read('vt', 30, 3)")}
+    got = rows(
+        conn,
+        "SELECT * FROM pgmq.set_vt(queue_name=>'vt', msg_id=>%s::bigint, vt=>%s::integer)",
+        ids[0],
+        100,
+    )
+    assert len(got) == 1 and got[0][0] == ids[0] and got[0][1] == 1
+    assert got[0][3] == leased[ids[0]]  # last_read_at is the read's, untouched
+    assert (
+        timedelta(seconds=99)
+        < got[0][4] - one(conn, "SELECT clock_timestamp()")
+        <= timedelta(seconds=100)
+    )
+    at = one(conn, "SELECT clock_timestamp() + interval '1 hour'")
+    got = rows(conn, "SELECT * FROM pgmq.set_vt('vt', %s::bigint, %s::timestamptz)", ids[1], at)
+    assert [(r[0], r[4]) for r in got] == [(ids[1], at)]
+    got = rows(
+        conn,
+        "SELECT * FROM pgmq.set_vt('vt', %s::bigint[], %s::timestamptz)",
+        [ids[2], ids[1], 999],
+        at,
+    )
+    assert sorted(r[0] for r in got) == [ids[1], ids[2]] and {r[4] for r in got} == {at}
+    # a vt in the past makes the messages visible at once
+    got = rows(conn, "SELECT * FROM pgmq.set_vt('vt', %s::bigint[], %s::integer)", ids, -60)
+    assert sorted(r[0] for r in got) == ids
+    assert sorted(r[0] for r in rows(conn, "SELECT * FROM pgmq.read('vt', 30, 10)")) == ids
+    assert rows(conn, "SELECT * FROM pgmq.set_vt('vt', 999::bigint, 5)") == []
+    assert sqlstate(conn, "SELECT * FROM pgmq.set_vt('vt', 1::bigint, NULL::integer)") == "22004"
+
+
+# --- metrics ----------------------------------------------------------------------
+
+
+def test_metrics_and_metrics_all(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('m1')")
+    conn.execute("SELECT pgqueue.create_queue('m2')")
+    conn.execute(
+        "SELECT * FROM pgmq.send_batch('m1', %s::jsonb[])", ([Jsonb(i) for i in range(4)],)
+    )
+    conn.execute("SELECT * FROM pgmq.send('m1', '{}', 60)")
+    conn.execute("SELECT * FROM pgmq.pop('m1', 2)")
+    cur = conn.execute("SELECT * FROM pgmq.metrics('m1')")
+    assert [d.name for d in cur.description or []] == [
+        "queue_name", "queue_length", "newest_msg_age_sec", "oldest_msg_age_sec", "total_messages",
+        "scrape_time", "queue_visible_length", "default_partition_length",
+    ]  # fmt: skip
+    name, length, newest, oldest, total, _at, visible, partition = cur.fetchone() or ()
+    assert (name, length, total, visible, partition) == ("m1", 3, 5, 2, None)
+    assert newest == 0 and oldest == 0
+    got = rows(conn, "SELECT queue_name, queue_length, total_messages FROM pgmq.metrics_all()")
+    assert got == [("m1", 3, 5), ("m2", 0, 0)]
+
+
+# --- notify on insert --------------------------------------------------------------
+
+
+def drain(listener: Conn, timeout: float) -> list[str]:
+    return [n.channel for n in listener.notifies(timeout=timeout, stop_after=100)]
+
+
+@pytest.fixture(params=["facade", "real"])
+def any_pgmq(request: pytest.FixtureRequest) -> Iterator[Conn]:
+    """An autocommit connection to the facade, then to real PGMQ: the notify tests run on both."""
+    dsn = request.getfixturevalue("facade" if request.param == "facade" else "real_pgmq_dsn")
+    with psycopg.connect(str(dsn), autocommit=True) as c:
+        yield c
+
+
+def test_notify_insert_on_pgmqs_own_channel(any_pgmq: Conn) -> None:
+    conn = any_pgmq
+    conn.execute("SELECT pgmq.create('n')")
+    with psycopg.connect(conn.info.dsn, autocommit=True) as listener:
+        listener.execute('LISTEN "pgmq.q_n.INSERT"')
+        conn.execute("SELECT pgmq.enable_notify_insert('n', 0)")
+        conn.execute("SELECT * FROM pgmq.send('n', '{}')")
+        conn.execute("SELECT * FROM pgmq.send_batch('n', ARRAY['1', '2']::jsonb[])")
+        assert drain(listener, 1.0) == ["pgmq.q_n.INSERT"] * 2
+        assert rows(
+            conn, "SELECT queue_name, throttle_interval_ms FROM pgmq.list_notify_insert_throttles()"
+        ) == [("n", 0)]
+        # throttled: of quick sends, only the first notifies
+        conn.execute("SELECT pgmq.update_notify_insert('n', 2000)")
+        for _ in range(4):
+            conn.execute("SELECT * FROM pgmq.send('n', '{}')")
+        assert drain(listener, 1.0) == ["pgmq.q_n.INSERT"]
+        (row,) = rows(conn, "SELECT * FROM pgmq.list_notify_insert_throttles()")
+        assert row[:2] == ("n", 2000) and row[2].year > 2000
+        conn.execute("SELECT pgmq.enable_notify_insert('n')")  # default throttle
+        assert rows(
+            conn, "SELECT throttle_interval_ms FROM pgmq.list_notify_insert_throttles()"
+        ) == [(250,)]
+        conn.execute("SELECT pgmq.disable_notify_insert('n')")
+        assert rows(conn, "SELECT * FROM pgmq.list_notify_insert_throttles()") == []
+        conn.execute("SELECT * FROM pgmq.send('n', '{}')")
+        assert drain(listener, 0.5) == []
+        with pytest.raises(psycopg.Error):
+            conn.execute("SELECT pgmq.update_notify_insert('n', 10)")  # not enabled
+        with pytest.raises(psycopg.Error):
+            conn.execute("SELECT pgmq.enable_notify_insert('n', -1)")
+
+
+def test_notify_reaches_pgmq_listeners_on_sends_through_pgqueue(conn: Conn) -> None:
+    conn.execute("SELECT pgqueue.create_queue('pq')")
+    conn.execute("SELECT pgmq.enable_notify_insert('pq', 0)")
+    with psycopg.connect(conn.info.dsn, autocommit=True) as listener:
+        listener.execute('LISTEN "pgmq.q_pq.INSERT"')
+        conn.execute("SELECT pgqueue.send('pq', '{}', delay => 5)")
+        assert drain(listener, 1.0) == ["pgmq.q_pq.INSERT"]
+    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', -5)") == "22023"
+    conn.execute("SELECT pgmq.disable_notify_insert('pq')")
+    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', 5)") == "55000"
+
+
+# --- privileges -------------------------------------------------------------------
+
+
+def roles_exist(conn: Conn) -> bool:
+    return bool(one(conn, "SELECT count(*) = 3 FROM pg_roles WHERE rolname LIKE 'pgqueue\\_%'"))
+
+
+def test_pgqueues_roles_get_their_share_and_public_nothing(conn: Conn) -> None:
+    if not roles_exist(conn):
+        pytest.skip("pgqueue's roles do not exist on this server")
+    conn.execute("SELECT pgmq.create('sec')")
+
+    def may(role: str, fn: str) -> bool:
+        return bool(one(conn, "SELECT has_function_privilege(%s, %s, 'EXECUTE')", role, fn))
+
+    producer, consumer, operator = "pgqueue_producer", "pgqueue_consumer", "pgqueue_operator"
+    assert may(producer, "pgmq.send(text,jsonb)") and may(producer, "pgmq.send_batch(text,jsonb[])")
+    assert not may(producer, "pgmq.read(text,integer,integer,jsonb)")
+    assert may(consumer, "pgmq.read(text,integer,integer,jsonb)")
+    assert may(consumer, "pgmq.set_vt(text,bigint[],timestamptz)")
+    assert may(consumer, "pgmq.archive(text,bigint)")
+    assert not may(consumer, "pgmq.create(text)") and not may(consumer, "pgmq.purge_queue(text)")
+    assert may(operator, "pgmq.create(text)") and may(operator, "pgmq.drop_queue(text)")
+    assert not may(operator, "pgmq._create(text)")
+    public = rows(
+        conn,
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " WHERE p.pronamespace = 'pgmq'::regnamespace"
+        " AND has_function_privilege('public', p.oid, 'EXECUTE')",
+    )
+    assert public == []
+    for view in ("pgmq.meta", "pgmq.q_sec", "pgmq.a_sec"):
+        assert one(conn, "SELECT has_table_privilege(%s, %s, 'SELECT')", consumer, view)
+        assert one(conn, "SELECT has_table_privilege(%s, %s, 'SELECT')", operator, view)
+        assert not one(conn, "SELECT has_table_privilege('public', %s, 'SELECT')", view)
+
+    # as each role: a producer sends and may not read; a consumer reads and acks
+    conn.execute("SET ROLE pgqueue_producer")
+    mid = one(conn, "SELECT * FROM pgmq.send('sec', '{\"r\": 1}')")
+    assert sqlstate(conn, "SELECT * FROM pgmq.read('sec', 30, 1)") == "42501"
+    conn.execute("RESET ROLE")
+    conn.execute("SET ROLE pgqueue_consumer")
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('sec', 30, 1)")] == [mid]
+    assert [r[0] for r in rows(conn, "SELECT msg_id FROM pgmq.q_sec")] == [mid]
+    assert one(conn, "SELECT pgmq.archive('sec', %s::bigint)", mid) is True
+    assert sqlstate(conn, "SELECT pgmq.drop_queue('sec')") == "42501"
+    assert sqlstate(conn, "SELECT count(*) FROM pgqueue.message") == "42501"
+    conn.execute("RESET ROLE")
+    conn.execute("SET ROLE pgqueue_operator")
+    conn.execute("SELECT pgmq.create('made_by_operator')")
+    assert views(conn) >= {"q_made_by_operator", "a_made_by_operator"}
+    assert one(conn, "SELECT pgmq.drop_queue('made_by_operator')") is True
+    conn.execute("RESET ROLE")
+
+
+# --- against real PGMQ ---------------------------------------------------------------
+
+SIGNATURES = """
+    SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)
+      FROM pg_proc p
+     WHERE p.pronamespace = 'pgmq'::regnamespace AND p.proname NOT LIKE '\\_%'
+       AND p.prorettype <> 'trigger'::regtype
+"""
+TYPES = """
+    SELECT t.typname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod)
+      FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+     WHERE t.typnamespace = 'pgmq'::regnamespace AND t.typtype = 'c' AND a.attnum > 0
+       AND t.typname IN ('message_record', 'queue_record', 'metrics_result')
+"""
+COLUMNS = """
+    SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod)
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+     WHERE c.relnamespace = 'pgmq'::regnamespace AND c.relname IN ('meta', 'q_same', 'a_same')
+       AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def catalog(dsn: str) -> dict[str, set[tuple[Any, ...]]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pgmq.create('same')")
+        return {
+            "functions": {r for r in rows(c, SIGNATURES) if r[0] not in TOPICS},
+            "types": set(rows(c, TYPES)),
+            "columns": set(rows(c, COLUMNS)),
+        }
+
+
+def test_every_pgmq_function_type_and_table_has_pgmqs_exact_shape(
+    facade: str, real_pgmq_dsn: str
+) -> None:
+    real, ours = catalog(real_pgmq_dsn), catalog(facade)
+    for part in ("functions", "types", "columns"):
+        assert sorted(real[part] - ours[part]) == [], f"{part} missing or different in the facade"
+        assert sorted(ours[part] - real[part]) == [], f"{part} only in the facade"
+
+
+CALLS = [
+    "SELECT * FROM pgmq.send('same', '{\"a\": 1}', '{\"h\": 1}'::jsonb, 0)",
+    "SELECT * FROM pgmq.send_batch('same', ARRAY['{\"b\": 1}', '{\"b\": 2}']::jsonb[])",
+    "SELECT * FROM pgmq.read_grouped('same', 30, 1)",
+    "SELECT * FROM pgmq.read('same', 30, 1)",
+    "SELECT * FROM pgmq.read_with_poll('same', 30, 1, 1, 10)",
+    "SELECT * FROM pgmq.set_vt('same', 1::bigint, 0)",
+    "SELECT * FROM pgmq.set_vt('same', ARRAY[2]::bigint[], now())",
+    "SELECT * FROM pgmq.pop('same')",
+    "SELECT pgmq.delete('same', 2::bigint)",
+    "SELECT * FROM pgmq.archive('same', ARRAY[3]::bigint[])",
+    "SELECT * FROM pgmq.metrics('same')",
+    "SELECT * FROM pgmq.metrics_all()",
+    "SELECT * FROM pgmq.list_queues()",
+    "SELECT * FROM pgmq.list_notify_insert_throttles()",
+    "SELECT * FROM pgmq.a_same",
+    "SELECT * FROM pgmq.purge_queue('same')",
+]
+
+
+def run_calls(dsn: str) -> list[tuple[list[tuple[str, int]], int]]:
+    out = []
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pgmq.create('same')")
+        c.execute("SELECT pgmq.enable_notify_insert('same', 0)")
+        for call in CALLS:
+            cur = c.execute(call)
+            out.append(
+                ([(d.name, d.type_code) for d in cur.description or []], len(cur.fetchall()))
+            )
+    return out
+
+
+def test_the_same_calls_give_the_same_columns_and_row_counts(
+    facade: str, real_pgmq_dsn: str
+) -> None:
+    real, ours = run_calls(real_pgmq_dsn), run_calls(facade)
+    for call, r, f in zip(CALLS, real, ours, strict=True):
+        assert f == r, call
+
+
+def test_message_headers_round_trip_as_pgmq_returns_them(facade: str, real_pgmq_dsn: str) -> None:
+    headers = {"x-pgmq-group": "g", "n": [1, 2], "s": "t"}
+    got = []
+    for target in (real_pgmq_dsn, facade):
+        with psycopg.connect(target, autocommit=True) as c:
+            c.execute("SELECT pgmq.create('rt')")
+            c.execute("SELECT * FROM pgmq.send('rt', %s, %s)", (Jsonb({"m": 1}), Jsonb(headers)))
+            (row,) = rows(c, "SELECT msg_id, read_ct, message, headers FROM pgmq.read('rt', 30, 1)")
+            got.append(row)
+    assert got[0] == got[1] == (1, 1, {"m": 1}, headers)
