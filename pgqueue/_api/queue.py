@@ -64,6 +64,7 @@ class QueueApi(SyncRunner):
         headers: dict[str, Any] | None = None,
         delay: int = 0,
         dedupe_key: str | None = None,
+        group: str | None = None,
         conn: ConnArg | None = None,
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns.
@@ -76,10 +77,12 @@ class QueueApi(SyncRunner):
         flight: nothing new is sent); else the new message's. With `conn`, the
         message commits or rolls back with the caller's transaction and is not
         retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
+        With a `group`, the message is a FIFO group's: a group's messages are
+        handed out one at a time, in the order their sends committed.
         """
         return self.run_send(
             queue,
-            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace),
+            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace, group),
             conn,
             _one,
         )
@@ -113,12 +116,16 @@ class QueueApi(SyncRunner):
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
         delay: int = 0,
+        groups: Sequence[str | None] | None = None,
         conn: ConnArg | None = None,
     ) -> list[int]:
-        """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
+        """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries.
+
+        `groups` gives each message its FIFO group (None: none), as send's `group`.
+        """
         return self.run_send(
             queue,
-            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace),
+            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace, groups),
             conn,
             count=len(messages),
         )
@@ -181,6 +188,7 @@ class AsyncQueueApi(AsyncRunner):
         headers: dict[str, Any] | None = None,
         delay: int = 0,
         dedupe_key: str | None = None,
+        group: str | None = None,
         conn: AsyncConnArg | None = None,
     ) -> int:
         """Enqueue a message; its msg_id. Durable once this returns.
@@ -193,10 +201,12 @@ class AsyncQueueApi(AsyncRunner):
         flight: nothing new is sent); else the new message's. With `conn`, the
         message commits or rolls back with the caller's transaction and is not
         retried. Header keys starting with `_pg_` are pgqueue's: InvalidArgument.
+        With a `group`, the message is a FIFO group's: a group's messages are
+        handed out one at a time, in the order their sends committed.
         """
         return await self.run_send(
             queue,
-            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace),
+            lambda trace: _queue.send(queue, message, headers, delay, dedupe_key, trace, group),
             conn,
             _one,
         )
@@ -230,12 +240,16 @@ class AsyncQueueApi(AsyncRunner):
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
         delay: int = 0,
+        groups: Sequence[str | None] | None = None,
         conn: AsyncConnArg | None = None,
     ) -> list[int]:
-        """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries."""
+        """Enqueue all messages atomically; their msg_ids in order. At-least-once across retries.
+
+        `groups` gives each message its FIFO group (None: none), as send's `group`.
+        """
         return await self.run_send(
             queue,
-            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace),
+            lambda trace: _queue.send_batch(queue, messages, headers, delay, trace, groups),
             conn,
             count=len(messages),
         )

@@ -93,6 +93,7 @@ def send(
     delay: int = 0,
     dedupe_key: str | None = None,
     trace: Trace | None = None,
+    group: str | None = None,
 ) -> Call[int]:
     """Enqueue one message; with a dedupe_key, at most one live message holds that key."""
     # A token only where it buys something: with a dedupe_key, a retry of this
@@ -102,7 +103,9 @@ def send(
     headers = without_trace_headers(headers)
     call = Call(
         "send",
-        "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s)",
+        "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s)"
+        if group is None
+        else "SELECT pgqueue.send(%s, %s::jsonb, %s::jsonb, %s, %s, %s, group_key => %s)",
         (
             queue,
             encode_json(message, "message"),
@@ -110,6 +113,7 @@ def send(
             int32("delay", delay),
             dedupe_key,
             token,
+            *(() if group is None else (group,)),
         ),
         scalar,
     )
@@ -149,6 +153,7 @@ def send_batch(
     headers: Sequence[dict[str, Any] | None] | None = None,
     delay: int = 0,
     trace: Trace | None = None,
+    groups: Sequence[str | None] | None = None,
 ) -> Call[list[int]]:
     """Enqueue many messages in one statement; their ids in input order."""
     if headers is not None and len(headers) != len(messages):
@@ -156,17 +161,24 @@ def send_batch(
             f"headers has {len(headers)} elements but messages has {len(messages)};"
             " pass one headers value per message, or None for none"
         )
+    if groups is not None and len(groups) != len(messages):
+        raise InvalidArgument(
+            f"groups has {len(groups)} elements but messages has {len(messages)};"
+            " pass one group (or None) per message, or None for no groups"
+        )
     headers_sql = "NULL::jsonb[]" if headers is None else JSONB_ELEMENTS_NULLABLE
     if headers is not None:
         headers = [without_trace_headers(h) for h in headers]
     call = Call(
         "send_batch",
-        f"SELECT * FROM pgqueue.send_batch(%s, {JSONB_ELEMENTS}, {headers_sql}, %s)",
+        f"SELECT * FROM pgqueue.send_batch(%s, {JSONB_ELEMENTS}, {headers_sql}, %s"
+        + (")" if groups is None else ", group_keys => %s::text[])"),
         (
             queue,
             encode_json_list(messages, "messages"),
             *(() if headers is None else (encode_json_list(headers, "headers"),)),
             int32("delay", delay),
+            *(() if groups is None else (list(groups),)),
         ),
         column,
     )
