@@ -34,7 +34,7 @@ SYSTEMS = [
     "benchmarks.peers.pgqueuer_peer",
     "benchmarks.peers.procrastinate_peer",
 ]
-GROUPS = ("sql", "enqueue", "e2e", "latency", "barrier", "growth", "mvcc")
+GROUPS = ("sql", "enqueue", "e2e", "latency", "barrier", "growth", "mvcc", "pgmq")
 
 
 @dataclass
@@ -278,6 +278,10 @@ def run_suite(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
         out += growth.run(args.dsn, scale, args.smoke)
     if "mvcc" in groups:
         out += mvcc_section(args.dsn, args.smoke)
+    if "pgmq" in groups:  # section 7: PGMQ's client on pgqueue's facade beside real PGMQ
+        from benchmarks.pgmq_facade import suite_section
+
+        out += suite_section(args.dsn, runs, args.smoke)
     if res.notes:
         out += ["## Notes", ""] + [f"- {note}" for note in res.notes] + [""]
     out.append(f"Took {time.monotonic() - began:,.0f} s.")

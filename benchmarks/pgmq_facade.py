@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.common import DEFAULT_DSN, RESULTS, with_db
@@ -131,10 +132,19 @@ def templates(server: str, systems: tuple[str, ...] = SYSTEMS) -> Iterator[dict[
 
 
 @contextmanager
-def fresh(server: str, template: str) -> Iterator[str]:
-    """A new database cloned from the template, dropped afterwards; its DSN."""
+def fresh(server: str, template: str, settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A new database cloned from the template (with `settings` as its own), dropped afterwards."""
     name = f"bench_pgmqf_{uuid.uuid4().hex[:8]}"
     target = _create_db(server, name, template)
+    with psycopg.connect(server, autocommit=True) as admin:
+        for key, value in (settings or {}).items():
+            admin.execute(
+                psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    psycopg.sql.Identifier(name),
+                    psycopg.sql.Identifier(key),
+                    psycopg.sql.Literal(value),
+                )
+            )
     try:
         yield target
     finally:
@@ -267,6 +277,7 @@ def measure(
     scale: float,
     log: Callable[[str], None],
     systems: tuple[str, ...] = SYSTEMS,
+    settings: dict[str, str] | None = None,
 ) -> Cells:
     """Every scenario at 1 and 4 workers, for both systems in turn, `rounds` times."""
     cells = Cells({}, {}, [], [])
@@ -280,7 +291,7 @@ def measure(
                     if row not in cells.rows:
                         cells.rows.append(row)
                     for system in systems:
-                        with fresh(server, tmpl[system]) as dsn:
+                        with fresh(server, tmpl[system], settings) as dsn:
                             prepare_queue(dsn, 0 if sc.producer else count)
                             try:
                                 rate, p50, done = run_workers(sc.key, dsn, count, workers)
@@ -375,6 +386,13 @@ def suite_section(dsn: str, runs: int, smoke: bool) -> list[str]:
     ]
 
 
+def _settings_note(settings: dict[str, str]) -> str:
+    """' with synchronous_commit=off,' or nothing."""
+    if not settings:
+        return ""
+    return " with " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " set on each database,"
+
+
 def _version(dist: str) -> str:
     from importlib.metadata import version
 
@@ -383,28 +401,31 @@ def _version(dist: str) -> str:
 
 # -- profile: where the time goes ----------------------------------------------
 
-PROFILE_CALLS = (
+PROFILE_CALLS: tuple[tuple[str, str, str], ...] = (
     ("send", "SELECT * FROM pgmq.send(queue_name=>%s::text, msg=>%s::jsonb)", "msg"),
     (
-        "send_batch 100",
+        "send_batch of 100",
         "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%s::jsonb[])",
         "batch",
     ),
-    ("read 1", "SELECT * FROM pgmq.read(queue_name=>%s::text, vt=>30, qty=>1)", None),
+    ("read 1", "SELECT * FROM pgmq.read(queue_name=>%s::text, vt=>30, qty=>1)", ""),
     ("delete 1", "SELECT pgmq.delete(queue_name=>%s::text, msg_id=>%s::bigint)", "id"),
     ("archive 1", "SELECT pgmq.archive(queue_name=>%s::text, msg_id=>%s::bigint)", "id"),
-    ("pop 1", "SELECT * FROM pgmq.pop(queue_name=>%s::text, qty=>1)", None),
+    ("pop 1", "SELECT * FROM pgmq.pop(queue_name=>%s::text, qty=>1)", ""),
 )
 
 
 def profile(server: str, n: int, systems: tuple[str, ...] = SYSTEMS) -> list[str]:
-    """Per call: the client's mean time, and the server's time per SQL function."""
+    """Per call: the server's execution time, WAL and buffers, and its time per SQL function."""
     from psycopg.types.json import Jsonb
 
     out = [
-        f"Profile: {n} calls of each, one connection, autocommit (a transaction per call),"
-        " prepared statements; the function times are pg_stat_user_functions with"
-        " track_functions = 'all' (ms, total over the calls).",
+        f"Profile: {n} calls of each (the first 10 left out of the medians) on one connection"
+        " after a preload of the queue, each call under EXPLAIN (ANALYZE, WAL, BUFFERS) in a"
+        " transaction of its own: the server's execution time (median, ms), the WAL it"
+        " wrote and the shared buffers it touched (medians); then the SQL functions with"
+        " the most self time (pg_stat_user_functions, track_functions = 'all'; ms over"
+        " all the calls, x calls).",
         "",
     ]
     with templates(server, systems) as tmpl:
@@ -414,59 +435,59 @@ def profile(server: str, n: int, systems: tuple[str, ...] = SYSTEMS) -> list[str
                 out += [
                     f"### {LABELS[system]}",
                     "",
-                    "| call | mean ms | top functions by self time (ms) |",
-                    "|---|---|---|",
+                    "| call | exec ms | WAL bytes | buffers hit | self time by function (ms) |",
+                    "|---|---|---|---|---|",
                 ]
-                with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
+                with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute("SET track_functions = 'all'")
-                    ids: list[int] = []
+                    conn.execute(
+                        "SELECT * FROM pgmq.send_batch(%s, %s::jsonb[])",
+                        (QUEUE, [Jsonb(MESSAGE)] * (3 * n)),
+                    )
+                    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.q_" + QUEUE)]
                     for label, sql, arg in PROFILE_CALLS:
+                        _flush_stats(conn)
                         conn.execute("SELECT pg_stat_reset()")
-                        spent = 0.0
-                        if label.startswith(("delete", "archive")):
-                            ids = [
-                                r[0]
-                                for r in conn.execute(
-                                    "SELECT * FROM pgmq.send_batch(%s, %s::jsonb[])",
-                                    (QUEUE, [Jsonb(MESSAGE)] * n),
-                                )
-                            ]
-                        elif label.startswith(("read", "pop")):
-                            conn.execute(
-                                "SELECT * FROM pgmq.send_batch(%s, %s::jsonb[])",
-                                (QUEUE, [Jsonb(MESSAGE)] * n),
-                            )
-                        for i in range(n):
+                        samples = []
+                        for _ in range(n):
                             params: tuple[Any, ...] = (QUEUE,)
                             if arg == "msg":
                                 params = (QUEUE, Jsonb(MESSAGE))
                             elif arg == "batch":
                                 params = (QUEUE, [Jsonb(MESSAGE)] * 100)
                             elif arg == "id":
-                                params = (QUEUE, ids[i])
-                            t = time.perf_counter()
-                            conn.execute(sql, params).fetchall()
-                            spent += time.perf_counter() - t
-                        conn.execute("SELECT pg_stat_force_next_flush()") if _has_flush(
-                            conn
-                        ) else None
-                        time.sleep(0.6)  # the stats of this backend reach the views
-                        rows = conn.execute(
-                            "SELECT schemaname || '.' || funcname, calls, self_time, total_time"
-                            " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 5"
+                                params = (QUEUE, ids.pop())
+                            row = conn.execute(
+                                "EXPLAIN (ANALYZE, WAL, BUFFERS, FORMAT JSON) " + sql, params
+                            ).fetchone()
+                            assert row is not None
+                            plan = row[0][0]
+                            samples.append(
+                                (
+                                    plan["Execution Time"],
+                                    plan["Plan"].get("WAL Bytes", 0),
+                                    plan["Plan"].get("Shared Hit Blocks", 0),
+                                )
+                            )
+                        _flush_stats(conn)
+                        funcs = conn.execute(
+                            "SELECT schemaname || '.' || funcname, calls, self_time"
+                            " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 4"
                         ).fetchall()
-                        top = "; ".join(f"{r[0]} x{r[1]}: {r[2]:.1f}" for r in rows)
-                        out.append(f"| {label} | {spent / n * 1000:.3f} | {top} |")
-                        conn.execute("SELECT pgmq.purge_queue(%s)", (QUEUE,))
+                        med = [statistics.median(x[j] for x in samples[10:]) for j in range(3)]
+                        top = "; ".join(f"{f[0]} {f[2]:.0f} x{f[1]}" for f in funcs)
+                        out.append(
+                            f"| {label} | {med[0]:.3f} | {med[1]:,.0f} | {med[2]:.0f} | {top} |"
+                        )
                 out.append("")
     return out
 
 
-def _has_flush(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM pg_proc WHERE proname = 'pg_stat_force_next_flush'"
-    ).fetchone()
-    return row is not None
+def _flush_stats(conn: psycopg.Connection[Any]) -> None:
+    """This backend's pending statistics reach the shared views (Postgres 15 and later)."""
+    if conn.info.server_version >= 150000:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    time.sleep(0.3 if conn.info.server_version >= 150000 else 1.1)
 
 
 # -- main ----------------------------------------------------------------------
@@ -484,6 +505,13 @@ def main() -> None:
     ap.add_argument("--private", action="store_true", help="on a fresh stock cluster (initdb)")
     ap.add_argument("--profile", action="store_true", help="per-function server time, no table")
     ap.add_argument("--out", default=None, help="results file [benchmarks/results/pgmq_facade.md]")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of every measured database, e.g. synchronous_commit=off (repeatable)",
+    )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
     args = ap.parse_args()
     if args.private:
@@ -518,12 +546,19 @@ def run(args: argparse.Namespace) -> None:
         return
     scale = 0.01 if args.smoke else args.scale
     rounds = 1 if args.smoke else args.rounds
+    settings = dict(kv.split("=", 1) for kv in args.set)
     cells = measure(
-        args.dsn, rounds, scale, lambda s: print(s, file=sys.stderr, flush=True), systems
+        args.dsn,
+        rounds,
+        scale,
+        lambda s: print(s, file=sys.stderr, flush=True),
+        systems,
+        settings,
     )
     body = [
         f"PyPI `pgmq` {_version('pgmq')} `PGMQueue` (init_extension=False) in both columns;"
-        f" {rounds} round(s), A B interleaved, a fresh database per measurement (nothing"
+        f" {rounds} round(s), A B interleaved,{_settings_note(settings)}"
+        " a fresh database per measurement (nothing"
         f" ANALYZEd or VACUUMed); scale {scale}; workers are processes, one client and one"
         " connection each; consumers run a handler of about 0.2 ms of JSON work per message.",
         "",
