@@ -471,7 +471,8 @@ def _select_sources(
                 )
             )
         }.values()
-    )[::-1]
+    )
+    every.sort(key=lambda s: s.target)
     if wanted is None:
         return every, []
     names = {s.target for s in every}
