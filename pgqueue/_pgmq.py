@@ -194,9 +194,10 @@ def _refuse_beside(found: _Found) -> None:
     """Raise when schema pgmq is not ours to replace."""
     if found.extension is not None and found.ours:
         raise PgmqConflict(
-            f"pgqueue's pgmq facade is installed here as the extension pgmq {found.extension};"
-            " upgrade it with `make -C extension install` and ALTER EXTENSION pgmq UPDATE,"
-            " or DROP EXTENSION pgmq before `pgqueue pgmq install`"
+            f"pgqueue's pgmq facade is installed here as the extension pgmq {found.extension}:"
+            " to install it with `pgqueue pgmq install` instead, run `pgqueue pgmq uninstall`"
+            " (DROP EXTENSION pgmq CASCADE) first; to upgrade the extension, install this"
+            " pgqueue's files (`make -C extension install`), then drop and create it again"
         )
     if found.real_pgmq is not None:
         raise PgmqConflict(
