@@ -2,7 +2,8 @@
 --
 -- Applied by `pgqueue pgmq install` right after 10_facade.sql, into the
 -- existing schema pgmq, by the schema's owner, in the installer's transaction.
--- Every statement is idempotent, so installing again keeps the bindings.
+-- Every statement is idempotent; an upgrade drops schema pgmq, installs
+-- again and carries the rows of topic_bindings over (pgqueue/_pgmq.py).
 --
 -- A binding says: a message sent with a routing key that matches `pattern`
 -- goes to queue `queue_name`. Routing keys are dot-separated words of
@@ -110,7 +111,8 @@ CREATE OR REPLACE TRIGGER pgmq_topic_bindings_of_dropped_queue
     REFERENCING OLD TABLE AS dropped
     FOR EACH STATEMENT EXECUTE FUNCTION pgmq._unbind_dropped_queues();
 
--- Binds pattern to queue_name (an existing queue); binding twice is a no-op.
+-- Binds pattern to queue_name (an existing queue; lowercased, as every name
+-- the facade takes); binding twice is a no-op.
 CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -122,9 +124,9 @@ BEGIN
     END IF;
     -- KEY SHARE until commit: a concurrent drop_queue cannot slip between this
     -- check and the insert (see the header). Raises PGQ01 for no such queue.
-    PERFORM pgqueue._queue_locked(bind_topic.queue_name);
+    PERFORM pgqueue._queue_locked(pgmq._name(bind_topic.queue_name));
     INSERT INTO pgmq.topic_bindings AS b (pattern, queue_name)
-    VALUES (bind_topic.pattern, bind_topic.queue_name)
+    VALUES (bind_topic.pattern, pgmq._name(bind_topic.queue_name))
     ON CONFLICT ON CONSTRAINT topic_bindings_unique_pattern_queue DO NOTHING;
 END
 $$;
@@ -142,7 +144,7 @@ BEGIN
         RAISE EXCEPTION 'queue_name must not be NULL or empty' USING ERRCODE = '22023';
     END IF;
     DELETE FROM pgmq.topic_bindings b
-     WHERE b.pattern = unbind_topic.pattern AND b.queue_name = unbind_topic.queue_name;
+     WHERE b.pattern = unbind_topic.pattern AND b.queue_name = pgmq._name(unbind_topic.queue_name);
     RETURN FOUND;
 END
 $$;
@@ -182,7 +184,7 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
     SELECT b.pattern, b.queue_name, b.bound_at, b.compiled_regex
       FROM pgmq.topic_bindings b
-     WHERE b.queue_name = $1
+     WHERE b.queue_name = pgmq._name($1)
      ORDER BY b.bound_at DESC, b.pattern;
 $$;
 
@@ -241,7 +243,7 @@ $$;
 -- through pgqueue.send_batch (its ids in input order; each message's
 -- x-pgmq-group header names its FIFO group), queues by name. The other
 -- overloads come here, a timestamp delay rounded up to whole seconds from now
--- (pgqueue delays are whole seconds: a message never shows before it). PGMQ
+-- by pgmq._delay_seconds (10_facade.sql), as pgmq.send does. PGMQ
 -- refuses an empty batch: so do we. All or nothing.
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay integer)
 RETURNS TABLE (queue_name text, msg_id bigint)
@@ -287,8 +289,7 @@ BEGIN
     RETURN QUERY
     SELECT * FROM pgmq.send_batch_topic(
         $1, $2, $3,
-        least(greatest(ceil(extract(epoch FROM $4) - extract(epoch FROM clock_timestamp())), 0),
-              2147483647)::integer);
+        pgmq._delay_seconds($4));
 END
 $$;
 

@@ -366,6 +366,14 @@ def test_bind_topic_binds_once_and_shows_the_compiled_regex(conn: psycopg.Connec
     ]
 
 
+def test_queue_names_are_lowercased_as_the_facade_does(conn: psycopg.Connection[Any]) -> None:
+    create_queue(conn, "mixed")
+    conn.execute("SELECT pgmq.bind_topic('k', 'Mixed')")
+    assert bindings(conn, "MIXED") == [("k", "mixed", "^k$")]
+    assert conn.execute("SELECT pgmq.send_topic('k', '1')").fetchone() == (1,)
+    assert conn.execute("SELECT pgmq.unbind_topic('k', 'MiXeD')").fetchone() == (True,)
+
+
 def test_bind_topic_to_a_missing_queue_raises_pgq01(conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(psycopg.Error) as info:
         conn.execute("SELECT pgmq.bind_topic('a.*', 'nope')")
