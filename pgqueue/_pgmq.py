@@ -415,7 +415,9 @@ def import_pgmq(
         if not dry_run:
             _lock_tables(conn, [t for s in sources for t in (s.q, s.a)])
         _check_importable(conn, sources)
+        _refuse_dependents(conn, sources, whole=not left)
         bindings = _topic_bindings(conn)
+        bound_at = _bound_at(conn)
         throttles = _notify_throttles(conn)
         moved = [
             _import_queue(conn, s, bindings.get(s.target, ()), throttles.get(s.target), dry_run)
@@ -430,7 +432,7 @@ def import_pgmq(
             _install_in_transaction(conn, facade_files(), replace=False)
             version = FACADE_VERSION
             try:
-                notes += _carry_over(conn, moved)
+                notes += _carry_over(conn, moved, bound_at)
             except psycopg.Error as exc:
                 raise PgmqImportRefused(
                     "the facade refused a setting carried over from PGMQ (a topic binding or a"
@@ -546,6 +548,62 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
         raise PgmqImportRefused("cannot import: " + "; ".join(problems) + "; nothing was changed")
 
 
+def _refuse_dependents(
+    conn: psycopg.Connection[Any], sources: Sequence[_Source], *, whole: bool
+) -> None:
+    """Raise when objects outside schema pgmq (a view, a foreign key, a function) use PGMQ's
+    tables: dropping PGMQ would drop them too, so the operator moves them first."""
+    rows = conn.execute(
+        # What PGMQ's removal drops: everything in schema pgmq, or the moved
+        # queues' tables and their partitions.
+        "WITH sel AS ("
+        "  SELECT 'pg_class'::regclass AS cat, c.oid FROM pg_class c"
+        "   WHERE c.relnamespace = 'pgmq'::regnamespace AND (%(whole)s OR c.relname = ANY(%(t)s))"
+        "  UNION ALL SELECT 'pg_type'::regclass, y.oid FROM pg_type y"
+        "   WHERE %(whole)s AND y.typnamespace = 'pgmq'::regnamespace"
+        "  UNION ALL SELECT 'pg_proc'::regclass, f.oid FROM pg_proc f"
+        "   WHERE %(whole)s AND f.pronamespace = 'pgmq'::regnamespace"
+        " ), gone AS ("
+        "  SELECT cat, oid FROM sel"
+        "  UNION SELECT 'pg_class'::regclass, i.inhrelid FROM pg_inherits i"
+        "   WHERE i.inhparent IN (SELECT oid FROM sel WHERE cat = 'pg_class'::regclass)"
+        " ), users AS ("
+        "  SELECT d.classid, d.objid,"
+        "   CASE d.classid"
+        "    WHEN 'pg_rewrite'::regclass THEN"
+        "     (SELECT c.relnamespace FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class"
+        "       WHERE r.oid = d.objid)"
+        "    WHEN 'pg_constraint'::regclass THEN"
+        "     (SELECT coalesce(c.relnamespace, k.connamespace) FROM pg_constraint k"
+        "       LEFT JOIN pg_class c ON c.oid = k.conrelid WHERE k.oid = d.objid)"
+        "    WHEN 'pg_proc'::regclass THEN"
+        "     (SELECT f.pronamespace FROM pg_proc f WHERE f.oid = d.objid)"
+        "    WHEN 'pg_class'::regclass THEN"
+        "     (SELECT c.relnamespace FROM pg_class c WHERE c.oid = d.objid)"
+        "    WHEN 'pg_type'::regclass THEN"
+        "     (SELECT y.typnamespace FROM pg_type y WHERE y.oid = d.objid)"
+        "    WHEN 'pg_attrdef'::regclass THEN"
+        "     (SELECT c.relnamespace FROM pg_attrdef a JOIN pg_class c ON c.oid = a.adrelid"
+        "       WHERE a.oid = d.objid)"
+        "    WHEN 'pg_trigger'::regclass THEN"
+        "     (SELECT c.relnamespace FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid"
+        "       WHERE g.oid = d.objid)"
+        "   END AS nsp"
+        "  FROM pg_depend d JOIN gone ON d.refclassid = gone.cat AND d.refobjid = gone.oid"
+        "  WHERE d.deptype = 'n')"
+        " SELECT DISTINCT pg_describe_object(classid, objid, 0) FROM users"
+        "  WHERE nsp IS DISTINCT FROM 'pgmq'::regnamespace ORDER BY 1",
+        {"whole": whole, "t": [f"{p}_{s.target}" for s in sources for p in ("q", "a")]},
+    ).fetchall()
+    if rows:
+        raise PgmqImportRefused(
+            f"objects outside schema pgmq use PGMQ's tables, and removing PGMQ would drop them:"
+            f" {', '.join(str(r[0]) for r in rows)}; drop them first and create them again"
+            " after the import (the facade's pgmq.q_<name> and pgmq.a_<name> views have PGMQ's"
+            " columns); nothing was changed"
+        )
+
+
 def _topic_bindings(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, ...]]:
     """PGMQ's topic patterns by queue (none before PGMQ 1.11)."""
     if not _exists(conn, "pgmq.topic_bindings"):
@@ -556,6 +614,14 @@ def _topic_bindings(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, ...]]
     ):
         out.setdefault(str(queue).lower(), []).append(str(pattern))
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _bound_at(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], Any]:
+    """When each of PGMQ's topic bindings was made, by (pattern, queue)."""
+    if not _exists(conn, "pgmq.topic_bindings"):
+        return {}
+    rows = conn.execute("SELECT pattern, lower(queue_name), bound_at FROM pgmq.topic_bindings")
+    return {(str(p), str(q)): at for p, q, at in rows}
 
 
 def _notify_throttles(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -751,7 +817,11 @@ def _remove_pgmq(
         conn.execute("DELETE FROM pgmq.meta WHERE lower(queue_name) = %s", (s.target,))
 
 
-def _carry_over(conn: psycopg.Connection[Any], moved: Sequence[QueueImport]) -> list[str]:
+def _carry_over(
+    conn: psycopg.Connection[Any],
+    moved: Sequence[QueueImport],
+    bound_at: dict[tuple[str, str], Any],
+) -> list[str]:
     """Notify-on-insert and topic bindings, set again through the facade; notes for the rest."""
     notes = []
     throttled = [q for q in moved if q.notify_throttle_ms is not None]
@@ -770,6 +840,12 @@ def _carry_over(conn: psycopg.Connection[Any], moved: Sequence[QueueImport]) -> 
     if bound and _has_function(conn, "pgmq.bind_topic(text,text)"):
         for pattern, queue in bound:
             conn.execute("SELECT pgmq.bind_topic(%s, %s)", (pattern, queue))
+            if bound_at.get((pattern, queue)) is not None:  # when it was bound, as PGMQ says
+                conn.execute(
+                    "UPDATE pgmq.topic_bindings SET bound_at = %s"
+                    " WHERE pattern = %s AND queue_name = %s",
+                    (bound_at[(pattern, queue)], pattern, queue),
+                )
     elif bound:
         notes.append(
             f"{len(bound)} topic binding(s) were not carried over (this facade has no topics): "
