@@ -88,6 +88,8 @@ class QueueImport:
     """Topic patterns bound to it, carried over (or reported: docs/pgmq.md)."""
     null_payloads: int
     """Messages (live or archived) whose payload was SQL NULL, stored as JSON null."""
+    max_attempts: int
+    """The pgqueue queue's: 2147483647 (never poison, as PGMQ) unless it existed (empty) before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -678,6 +680,9 @@ def _import_queue(
             ),
         )
     last = max(handed_out, max_live, max_archived)
+    existing = conn.execute(
+        "SELECT max_attempts FROM pgqueue.queue WHERE queue_name = %s", (s.target,)
+    ).fetchone()
     result = QueueImport(
         s.target,
         s.name,
@@ -690,13 +695,11 @@ def _import_queue(
         throttle,
         patterns,
         nulls + null_archived,
+        NEVER_POISON if existing is None else int(existing[0]),
     )
     if dry_run:
         return result
-    row = conn.execute(
-        "SELECT queue_id FROM pgqueue.queue WHERE queue_name = %s", (s.target,)
-    ).fetchone()
-    created = row is None
+    created = existing is None
     if created:
         conn.execute("SELECT pgqueue.create_queue(%s, %s)", (s.target, NEVER_POISON))
     (queue_id,) = _one(
@@ -764,6 +767,12 @@ def _notes(moved: Sequence[QueueImport], left: Sequence[str]) -> list[str]:
         name = sql_literal(q.queue_name)
         if q.unlogged:
             notes.append(f"queue {name} was UNLOGGED in PGMQ; in pgqueue it is crash-safe")
+        if q.max_attempts != NEVER_POISON:
+            notes.append(
+                f"queue {name} was in pgqueue already (empty), with max_attempts"
+                f" {q.max_attempts}: its messages are poison-dropped after that many reads,"
+                " which PGMQ never did (`pgqueue queue create` sets another)"
+            )
         if q.null_payloads:
             notes.append(
                 f"queue {name}: {q.null_payloads} message(s) had an SQL NULL payload, kept as"

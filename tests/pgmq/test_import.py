@@ -531,3 +531,27 @@ def test_cli_import_dry_run_then_import(filled: str) -> None:
     assert again.stderr.splitlines() == [
         "pgqueue: error: schema pgmq here is pgqueue's facade already: there is no PGMQ to import"
     ]
+
+
+def test_an_empty_pgqueue_queue_of_the_same_name_takes_the_messages_and_keeps_its_limit(
+    filled: str,
+) -> None:
+    with _connect(filled) as conn:
+        conn.execute("SELECT pgqueue.create_queue('mixed', 3)")
+        conn.execute("SELECT pgqueue.send('mixed', '{}')")
+        conn.execute("SELECT pgqueue.delete('mixed', 1::bigint)")  # its ids went on to 1
+        before = _snapshot(conn)
+        report = import_pgmq(conn)
+        assert {q.queue_name: q.max_attempts for q in report.queues} == {
+            "fast": NEVER_POISON,
+            "jobs": NEVER_POISON,
+            "mixed": 3,
+            "parted": NEVER_POISON,
+        }
+        assert any(
+            "'mixed' was in pgqueue already (empty), with max_attempts 3" in n for n in report.notes
+        )
+        assert _snapshot(conn) == before
+        assert _send(conn, "mixed", {"next": True}) == 6
+        got = conn.execute("SELECT msg_id FROM pgmq.read('mixed', 30, 10)").fetchall()
+        assert sorted(r[0] for r in got) == [1, 2, 3, 4, 5, 6]
