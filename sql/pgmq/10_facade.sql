@@ -17,9 +17,17 @@
 --
 -- Where the two differ (the full table is docs/pgmq.md):
 --   * Names. PGMQ lowercases a queue name into its table names, so 'MyQueue'
---     and 'myqueue' are one queue there; here every name is lowercased too and
---     must then be a pgqueue name (1 to 48 of [a-z0-9_], not starting with a
---     digit), else 22023. list_queues and metrics_all show the lowercase name.
+--     and 'myqueue' are one queue there, and accepts names pgqueue's rule
+--     (1 to 48 of [a-z0-9_], not starting with a digit) does not: Celery's
+--     'celery@host.celery.pidbox', say. Here a name is lowercased, and one
+--     that is still not a pgqueue name stands for a pgqueue queue derived
+--     from it (pgmq._name: its characters outside [a-z0-9_] as '_', a '_'
+--     before a leading digit, cut to 39, then '_' and 8 hex digits of its
+--     md5): the same PGMQ name always reaches the same queue, with no lookup.
+--     The name a queue was created with, where it differs from pgqueue's, is
+--     kept in pgmq.queue_name_map, so list_queues, metrics_all, pgmq.meta and
+--     the views show PGMQ's names. PGMQ's own limits stay: at most 47
+--     characters (48 for a pgqueue name), none of $ ; -- ' (22023).
 --   * Attempts. PGMQ never drops a message; a queue created here gets
 --     max_attempts = 2147483647, so it never does either, unless an operator
 --     sets a limit through pgqueue.create_queue (then reads poison-drop into
@@ -98,26 +106,54 @@ END
 $$;
 
 -- The pgqueue queue a PGMQ name stands for: the name lowercased, as PGMQ's
--- table names are. Not checked here: an impossible name is an unknown queue.
+-- table names are, when that is a pgqueue name; else one derived from it
+-- (the header above). Not checked here: a name never created is an unknown
+-- queue (PGQ01) when used.
 CREATE FUNCTION pgmq._name(queue_name text) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT lower(queue_name);
+    SELECT CASE WHEN lower(queue_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN lower(queue_name)
+                ELSE left(regexp_replace(regexp_replace(lower(queue_name), '[^a-z0-9_]', '_', 'g'),
+                                         '^([0-9])', '_\1'), 39)
+                     || '_' || left(md5(lower(queue_name)), 8) END;
 $$;
 
--- Raises 22023 unless pgqueue can hold the queue the name stands for.
+-- Raises 22023 unless a queue may be created by this name: PGMQ's limits (at
+-- most 47 characters, none of $ ; -- '), or a pgqueue name (48 allowed).
 CREATE FUNCTION pgmq.validate_queue_name(queue_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF queue_name IS NULL OR lower(queue_name) !~ '^[a-z_][a-z0-9_]{0,47}$' THEN
-        RAISE EXCEPTION 'pgqueue cannot hold a queue named %', quote_nullable(queue_name)
+    IF lower(queue_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN
+        RETURN;
+    END IF;
+    IF queue_name IS NULL OR queue_name = '' OR octet_length(queue_name) > 47
+       OR queue_name ~ '\$|;|--|''' THEN
+        RAISE EXCEPTION 'invalid queue name %', quote_nullable(queue_name)
             USING ERRCODE = '22023',
-                  HINT = 'A pgqueue queue name is 1 to 48 letters, digits or underscores, not starting with a'
-                         ' digit; the pgmq facade lowercases it, as PGMQ does its table names (docs/pgmq.md).';
+                  HINT = 'A queue name is 1 to 47 characters (bytes), none of $ ; -- '' (PGMQ''s limits); a'
+                         ' pgqueue name (1 to 48 letters, digits or underscores, not starting with a digit)'
+                         ' is used as it is, lowercased, and any other stands for a pgqueue queue named'
+                         ' after it (docs/pgmq.md).';
     END IF;
 END
+$$;
+
+-- The name a queue was created with through the facade, where it is not the
+-- pgqueue queue's name (a mixed-case name, or one pgmq._name derives a queue
+-- from). Kept across reinstalls by the installer; rows go with their queue.
+CREATE TABLE pgmq.queue_name_map (
+    queue_name text PRIMARY KEY,  -- pgqueue's
+    pgmq_name text NOT NULL       -- as PGMQ shows it
+);
+
+-- PGMQ's name of a pgqueue queue.
+CREATE FUNCTION pgmq._pgmq_name(queue_name text) RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((SELECT n.pgmq_name FROM pgmq.queue_name_map n WHERE n.queue_name = _pgmq_name.queue_name),
+                    queue_name);
 $$;
 
 -- Serializes the creation and dropping of one queue name until commit, as
@@ -181,16 +217,17 @@ BEGIN
 END
 $$;
 
--- PGMQ's queue table and archive table of one queue, as views: the queue's
--- live messages in pgqueue.message and its rows of pgqueue.archive, with
--- PGMQ's columns in PGMQ's order.
+-- PGMQ's queue table and archive table of one queue, as views named as PGMQ
+-- names its tables (format_table_name of PGMQ's name of the queue): the
+-- queue's live messages in pgqueue.message and its rows of pgqueue.archive,
+-- with PGMQ's columns in PGMQ's order.
 CREATE FUNCTION pgmq._create_views(queue_id integer, queue_name text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_q text := 'q_' || queue_name;
-    v_a text := 'a_' || queue_name;
+    v_q text := 'q_' || lower(pgmq._pgmq_name(queue_name));
+    v_a text := 'a_' || lower(pgmq._pgmq_name(queue_name));
 BEGIN
     EXECUTE format('CREATE VIEW pgmq.%I AS'
                    ' SELECT m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers'
@@ -211,16 +248,30 @@ END
 $$;
 
 -- Keeps the views in step with pgqueue.queue, whichever API creates or drops
--- the queue: the views come and go in the transaction that makes the change.
+-- the queue: the views come and go in the transaction that makes the change
+-- (and the queue's row of queue_name_map goes with it).
 CREATE FUNCTION pgmq._sync_views() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    v_name text;
+    v_view text;
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM pgmq._create_views(NEW.queue_id, NEW.queue_name);
     ELSE
-        EXECUTE format('DROP VIEW IF EXISTS pgmq.%I, pgmq.%I', 'q_' || OLD.queue_name, 'a_' || OLD.queue_name);
+        DELETE FROM pgmq.queue_name_map n WHERE n.queue_name = OLD.queue_name RETURNING lower(n.pgmq_name)
+          INTO v_name;
+        -- by PGMQ's name, or by pgqueue's (a name recorded before its views were renamed)
+        FOR v_view IN SELECT DISTINCT p || '_' || n
+                        FROM unnest(ARRAY['q', 'a']) p, unnest(ARRAY[v_name, lower(OLD.queue_name)]) n
+                       WHERE n IS NOT NULL
+        LOOP
+            IF to_regclass(format('pgmq.%I', v_view)) IS NOT NULL THEN
+                EXECUTE format('DROP VIEW pgmq.%I', v_view);
+            END IF;
+        END LOOP;
     END IF;
     RETURN NULL;
 END
@@ -230,12 +281,34 @@ CREATE TRIGGER pgmq_views
     AFTER INSERT OR DELETE ON pgqueue.queue
     FOR EACH ROW EXECUTE FUNCTION pgmq._sync_views();
 
+-- A name recorded for a queue whose views already exist (a reinstall puts
+-- the rows back after this file ran): the views take PGMQ's names.
+CREATE FUNCTION pgmq._rename_views() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+BEGIN
+    IF lower(NEW.pgmq_name) <> NEW.queue_name
+       AND to_regclass(format('pgmq.%I', 'q_' || NEW.queue_name)) IS NOT NULL
+       AND to_regclass(format('pgmq.%I', 'q_' || lower(NEW.pgmq_name))) IS NULL THEN
+        EXECUTE format('ALTER VIEW pgmq.%I RENAME TO %I', 'q_' || NEW.queue_name, 'q_' || lower(NEW.pgmq_name));
+        EXECUTE format('ALTER VIEW pgmq.%I RENAME TO %I', 'a_' || NEW.queue_name, 'a_' || lower(NEW.pgmq_name));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER rename_views
+    AFTER INSERT ON pgmq.queue_name_map
+    FOR EACH ROW EXECUTE FUNCTION pgmq._rename_views();
+
 SELECT pgmq._create_views(q.queue_id, q.queue_name) FROM pgqueue.queue q ORDER BY q.queue_id;
 
 -- PGMQ's list of queues. pgqueue has neither partitioned nor unlogged queues.
 CREATE VIEW pgmq.meta AS
-    SELECT q.queue_name::varchar AS queue_name, false AS is_partitioned, false AS is_unlogged, q.created_at
-      FROM pgqueue.queue q;
+    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar AS queue_name, false AS is_partitioned,
+           false AS is_unlogged, q.created_at
+      FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name;
 COMMENT ON VIEW pgmq.meta IS 'pgqueue''s queues, as PGMQ lists them (read-only; the pgmq facade, docs/pgmq.md)';
 SELECT pgmq._publish_view('meta');
 
@@ -245,7 +318,8 @@ SELECT pgmq._publish_view('meta');
 
 -- Creates the queue unless it exists; an existing queue, whichever API made
 -- it, is left as it is (its max_attempts kept). A new one never poison-drops,
--- as PGMQ never does: max_attempts = 2147483647.
+-- as PGMQ never does: max_attempts = 2147483647. PGMQ's name of it is
+-- recorded first, where it differs, so its views are made with that name.
 CREATE FUNCTION pgmq._create(queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -255,6 +329,10 @@ DECLARE
 BEGIN
     PERFORM pgmq.validate_queue_name(queue_name);
     PERFORM pgmq.acquire_queue_lock(v_name);
+    IF _create.queue_name <> v_name THEN
+        INSERT INTO pgmq.queue_name_map (queue_name, pgmq_name) VALUES (v_name, _create.queue_name)
+        ON CONFLICT ON CONSTRAINT queue_name_map_pkey DO NOTHING;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = v_name) THEN
         PERFORM pgqueue.create_queue(v_name, max_attempts => 2147483647);
     END IF;
@@ -388,7 +466,9 @@ CREATE FUNCTION pgmq.list_queues() RETURNS SETOF pgmq.queue_record
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT q.queue_name::varchar, false, false, q.created_at FROM pgqueue.queue q ORDER BY q.queue_id;
+    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar, false, false, q.created_at
+      FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name
+     ORDER BY q.queue_id;
 $$;
 
 -- total_messages is every msg_id the queue handed out (its sequence's
@@ -406,8 +486,8 @@ CREATE FUNCTION pgmq.metrics_all() RETURNS SETOF pgmq.metrics_result
 LANGUAGE sql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT m.queue_name, m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec, m.total_messages,
-           m.scrape_time, m.visible_length, NULL::bigint
+    SELECT pgmq._pgmq_name(m.queue_name), m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec,
+           m.total_messages, m.scrape_time, m.visible_length, NULL::bigint
       FROM pgqueue.queue q, LATERAL pgqueue._metrics(q) m
      ORDER BY q.queue_id;
 $$;
@@ -795,7 +875,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
+    RETURN QUERY
+    SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
 END
 $$;
 
@@ -804,17 +885,8 @@ RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-#variable_conflict use_column
-DECLARE
-    q pgqueue.queue := pgqueue._queue(pgmq._name(set_vt.queue_name));
 BEGIN
-    IF set_vt.vt IS NULL THEN
-        RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    RETURN QUERY
-    UPDATE pgqueue.message m SET vt = set_vt.vt
-     WHERE m.queue_id = q.queue_id AND m.msg_id = set_vt.msg_id
-    RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+    RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 END
 $$;
 
@@ -824,7 +896,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_id, clock_timestamp() + make_interval(secs => vt));
+    RETURN QUERY
+    SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], clock_timestamp() + make_interval(secs => vt));
 END
 $$;
 
@@ -845,7 +918,8 @@ DECLARE
 BEGIN
     PERFORM pgqueue._require_nonnegative('throttle_interval_ms', enable_notify_insert.throttle_interval_ms);
     UPDATE pgqueue.queue
-       SET notify_channel = pgmq._channel(queue_name), notify_throttle_ms = enable_notify_insert.throttle_interval_ms
+       SET notify_channel = pgmq._channel(pgmq._pgmq_name(queue_name)),
+           notify_throttle_ms = enable_notify_insert.throttle_interval_ms
      WHERE queue_name = pgmq._name(enable_notify_insert.queue_name)
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -897,10 +971,11 @@ RETURNS TABLE (queue_name text, throttle_interval_ms integer, last_notified_at t
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT q.queue_name, q.notify_throttle_ms, coalesce(n.sent_at, to_timestamp(0))
+    SELECT pgmq._pgmq_name(q.queue_name) AS queue_name, q.notify_throttle_ms,
+           coalesce(n.sent_at, to_timestamp(0))
       FROM pgqueue.queue q LEFT JOIN pgqueue.notify_sent n ON n.queue_id = q.queue_id
      WHERE q.notify_channel IS NOT NULL
-     ORDER BY q.queue_name;
+     ORDER BY 1;
 $$;
 
 ------------------------------------------------------------------------------

@@ -9,18 +9,18 @@ against real PGMQ installed from the `pgmq` package's own pgmq.sql.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-FACADE = Path(__file__).resolve().parents[2] / "sql" / "pgmq" / "10_facade.sql"
+from pgqueue._pgmq import install
 
 # PGMQ's topic functions: another file of the facade (20_topics.sql).
 TOPICS = {
@@ -37,29 +37,10 @@ TOPICS = {
 Conn = psycopg.Connection[Any]
 
 
-def install(conn: Conn) -> None:
-    """Install the facade the way the installer does, or by hand until the installer exists."""
-    try:
-        from pgqueue._pgmq import install as installer  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        with conn.transaction():
-            conn.execute("CREATE SCHEMA pgmq")
-            conn.execute(FACADE.read_text().encode())
-        return
-    installer(conn)
-
-
 @pytest.fixture
-def facade(request: pytest.FixtureRequest) -> str:
+def facade(facade_dsn: str) -> str:
     """A fresh migrated database of this test's own with the facade installed."""
-    try:
-        import pgqueue._pgmq  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-    except ImportError:
-        dsn = str(request.getfixturevalue("dsn"))
-        with psycopg.connect(dsn, autocommit=True) as c:
-            install(c)
-        return dsn
-    return str(request.getfixturevalue("facade_dsn"))
+    return facade_dsn
 
 
 @pytest.fixture
@@ -94,6 +75,10 @@ def notices(conn: Conn) -> list[tuple[str | None, str | None, str]]:
 
     conn.add_notice_handler(keep)
     return seen
+
+
+def sql_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def views(conn: Conn) -> set[str]:
@@ -165,26 +150,89 @@ def test_create_leaves_an_existing_pgqueue_queue_as_it_is(conn: Conn) -> None:
 
 def test_mixed_case_names_are_one_lowercase_queue_as_in_pgmq(conn: Conn) -> None:
     conn.execute("SELECT pgmq.create('MyQueue')")
+    conn.execute("SELECT pgmq.create('myqueue')")  # the same queue: PGMQ's tables are lowercase
     assert rows(conn, "SELECT queue_name FROM pgqueue.queue") == [("myqueue",)]
+    assert rows(conn, "SELECT queue_name FROM pgmq.list_queues()") == [("MyQueue",)]
+    assert rows(conn, "SELECT queue_name FROM pgmq.meta") == [("MyQueue",)]
     mid = one(conn, "SELECT * FROM pgmq.send('MyQueue', %s)", Jsonb({"a": 1}))
     assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('MYQUEUE', 30, 5)")] == [mid]
     assert one(conn, "SELECT pgmq.format_table_name('MyQueue', 'q')") == "q_myqueue"
     assert views(conn) == {"q_myqueue", "a_myqueue"}
+    assert one(conn, "SELECT queue_name FROM pgmq.metrics_all()") == "MyQueue"
     assert one(conn, "SELECT pgmq.drop_queue('myQUEUE')") is True
+    assert rows(conn, "SELECT * FROM pgmq.queue_name_map") == []
+
+
+CELERY_NAMES = [
+    "celery@worker-1.example.com.celery.pidbox",
+    "3f2a9c1e-aaaa-bbbb-cccc-1234567890ab.reply.cel",
+    "celeryev.3f2a9c1e-aaaa-bbbb-cccc-123456789",
+    "my-queue",
+    "1queue",
+    'q"x',
+    "Caf\u00e9 Queue",
+]
+
+
+@pytest.mark.parametrize("name", CELERY_NAMES)
+def test_a_name_pgqueue_cannot_hold_stands_for_a_queue_derived_from_it(
+    conn: Conn, name: str
+) -> None:
+    conn.execute("SELECT pgmq.validate_queue_name(%s)", (name,))
+    conn.execute("SELECT pgmq.create(%s)", (name,))
+    conn.execute("SELECT pgmq.create_unlogged(%s)", (name,))  # again: the same queue
+    (queue,) = rows(conn, "SELECT queue_name FROM pgqueue.queue")
+    assert re.fullmatch(r"[a-z_][a-z0-9_]{0,47}", queue[0])
+    assert one(conn, "SELECT pgmq._name(%s)", name.upper()) == queue[0]
+    assert rows(conn, "SELECT queue_name FROM pgmq.list_queues()") == [(name,)]
+    assert views(conn) == {"q_" + name.lower(), "a_" + name.lower()}
+    mid = one(conn, "SELECT * FROM pgmq.send(%s, '{\"n\": 1}')", name)
+    assert one(conn, f"SELECT count(*) FROM pgmq.{sql_ident('q_' + name.lower())}") == 1
+    assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read(%s, 30, 1)", name.upper())] == [mid]
+    assert one(conn, "SELECT pgmq.archive(%s, %s::bigint)", name, mid) is True
+    assert one(conn, f"SELECT count(*) FROM pgmq.{sql_ident('a_' + name.lower())}") == 1
+    assert one(conn, "SELECT queue_name FROM pgmq.metrics(%s)", name) == name
+    assert one(conn, "SELECT pgmq.drop_queue(%s)", name) is True
+    assert views(conn) == set()
+    assert rows(conn, "SELECT * FROM pgmq.queue_name_map") == []
+
+
+def test_distinct_pgmq_names_reach_distinct_queues(conn: Conn) -> None:
+    names = ["a.b", "a-b", "a b", "A.B", "a_b"]
+    for name in names:
+        conn.execute("SELECT pgmq.create(%s)", (name,))
+        one(conn, "SELECT * FROM pgmq.send(%s, %s)", name, Jsonb(name))
+    # 'A.B' is 'a.b' (PGMQ lowercases); the others are four queues
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 4
+    for name in ("a-b", "a b", "a_b"):
+        assert rows(conn, "SELECT message FROM pgmq.read(%s, 30, 5)", name) == [(name,)]
+    got = sorted(r[0] for r in rows(conn, "SELECT message FROM pgmq.read('a.b', 30, 5)"))
+    assert got == ["A.B", "a.b"]
 
 
 @pytest.mark.parametrize(
     "name",
-    ["my-queue", "1queue", "a" * 49, "", "x; DROP TABLE pgqueue.message", 'q"x', "caf\u00e9"],
+    ["", "x; DROP TABLE pgqueue.message", "a--b", "it's", "$x", "a" * 48 + ".", "\u00e9" * 24],
 )
-def test_a_name_pgqueue_cannot_hold_is_refused_clearly(conn: Conn, name: str) -> None:
+def test_a_name_pgmq_refuses_is_refused_clearly(conn: Conn, name: str) -> None:
     for fn in ("create", "create_non_partitioned", "create_unlogged", "validate_queue_name"):
         with pytest.raises(psycopg.Error) as err:
             conn.execute(f"SELECT pgmq.{fn}(%s)", (name,))
         assert err.value.sqlstate == "22023"
-        assert "pgqueue cannot hold a queue named" in str(err.value)
+        assert "invalid queue name" in str(err.value)
     assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 0
-    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
+    assert one(conn, "SELECT count(*) FROM pgmq.queue_name_map") == 0
+
+
+def test_pgmq_names_and_their_views_survive_a_reinstall(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('celery@w.pidbox')")
+    conn.execute("SELECT pgmq.create('MyQueue')")
+    install(conn)  # an upgrade: the facade replaced, its own rows kept
+    got = [r[0] for r in rows(conn, "SELECT queue_name FROM pgmq.list_queues()")]
+    assert got == ["celery@w.pidbox", "MyQueue"]
+    assert views(conn) == {"q_celery@w.pidbox", "a_celery@w.pidbox", "q_myqueue", "a_myqueue"}
+    conn.execute("SELECT * FROM pgmq.send('celery@w.pidbox', '{}')")
+    assert one(conn, 'SELECT count(*) FROM pgmq."q_celery@w.pidbox"') == 1
 
 
 def test_validate_queue_name_accepts_what_pgqueue_holds(conn: Conn) -> None:
@@ -324,7 +372,7 @@ def test_a_hostile_queue_name_reaches_the_views_quoted(conn: Conn) -> None:
         " VALUES (999, %s, 1, 'pgqueue.queue_id_seq')",
         (name,),
     )
-    assert views(conn) == {"q_" + name, "a_" + name}
+    assert views(conn) == {"q_" + name.lower(), "a_" + name.lower()}
     assert one(conn, "SELECT to_regclass('pgqueue.message') IS NOT NULL") is True
     conn.execute("DELETE FROM pgqueue.queue WHERE queue_id = 999")
     assert views(conn) == set()
