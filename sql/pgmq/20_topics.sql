@@ -95,6 +95,18 @@ CREATE TABLE IF NOT EXISTS pgmq.topic_bindings (
 -- The drop trigger deletes by queue.
 CREATE INDEX IF NOT EXISTS topic_bindings_queue_name_idx ON pgmq.topic_bindings (queue_name);
 
+-- Installed as the extension pgmq (extension/), the table belongs to the
+-- extension, and pg_dump skips an extension's tables unless they are marked as
+-- holding the user's data: bindings are, so a dump and restore keeps them.
+-- (`pgqueue pgmq install` makes no extension: nothing to mark.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq') THEN
+        PERFORM pg_catalog.pg_extension_config_dump('pgmq.topic_bindings', '');
+    END IF;
+END
+$$;
+
 -- Deletes the bindings of the queues a statement deleted from pgqueue.queue.
 CREATE OR REPLACE FUNCTION pgmq._unbind_dropped_queues() RETURNS trigger
 LANGUAGE plpgsql
