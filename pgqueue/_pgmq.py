@@ -177,13 +177,12 @@ def _lock(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
 
 
-def _require_migrated(conn: psycopg.Connection[Any]) -> None:
+def _require_migrated(conn: psycopg.Connection[Any], then: str) -> None:
     have = current_version(conn)
     need = latest_migration()
     if have is None:
         raise NotMigrated(
-            "pgqueue's schema is not in this database: run `pgqueue migrate` first,"
-            " then install the pgmq facade"
+            f"pgqueue's schema is not in this database: run `pgqueue migrate` first, then {then}"
         )
     if have < need:
         raise NotMigrated(
@@ -238,7 +237,7 @@ def install(conn: psycopg.Connection[Any], *, directory: Path | None = None) -> 
     files = facade_files(directory)
     with conn.transaction():
         _lock(conn)
-        _require_migrated(conn)
+        _require_migrated(conn, "install the pgmq facade")
         found = _inspect(conn)
         _refuse_beside(found)
         _install_in_transaction(conn, files, replace=found.ours)
@@ -395,7 +394,7 @@ def import_pgmq(
     """
     with conn.transaction():
         _lock(conn)
-        _require_migrated(conn)
+        _require_migrated(conn, "`pgqueue pgmq import`")
         found = _inspect(conn)
         if found.ours:
             raise PgmqImportRefused(

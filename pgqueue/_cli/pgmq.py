@@ -136,7 +136,7 @@ def pgmq_import(
         if dry_run:
             report = plan
         else:
-            if not as_json:
+            if not (as_json or yes):
                 _show(plan)
             confirm(
                 f"Move {plural(len(plan.queues), 'queue')} into pgqueue and remove"
@@ -147,7 +147,7 @@ def pgmq_import(
     if as_json:
         emit_json(asdict(report))
         return
-    if not dry_run:
+    if dry_run or yes:  # else the plan was shown before the question
         _show(report)
     click.echo(_summary(report))
     for note in report.notes:

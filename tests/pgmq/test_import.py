@@ -508,7 +508,16 @@ def test_cli_import_dry_run_then_import(filled: str) -> None:
 
     dry = run("--dry-run")
     assert (dry.returncode, dry.stderr) == (0, "")
-    assert dry.stdout.splitlines()[0] == (
+    assert dry.stdout.splitlines()[0].split() == [
+        "QUEUE",
+        "PGMQ_NAME",
+        "LIVE",
+        "ARCHIVED",
+        "GROUPED",
+        "LAST_ID",
+        "KIND",
+    ]
+    assert dry.stdout.splitlines()[5] == (
         "dry run: would move 4 queues (73 live messages, 7 archived) from PGMQ (schema)"
         " into pgqueue; nothing was changed"
     )
