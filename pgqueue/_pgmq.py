@@ -373,6 +373,31 @@ class _Source:
     def q_regclass(self) -> str:
         return f'pgmq."q_{self.name.lower()}"'
 
+    def rows(self, conn: psycopg.Connection[Any], kind: str) -> sql.Composed:
+        """Its queue ("q") or archive ("a") table as a row source with PGMQ 1.13's columns.
+
+        Older PGMQs lack some (headers came in 1.5, last_read_at later): NULL there.
+        """
+        table = f"{kind}_{self.name.lower()}"
+        have = {
+            str(c)
+            for (c,) in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass"
+                " AND attnum > 0 AND NOT attisdropped",
+                (f'pgmq."{table}"',),
+            )
+        }
+        wanted = [("msg_id", "bigint"), ("read_ct", "integer"), ("enqueued_at", "timestamptz")]
+        wanted += [("last_read_at", "timestamptz"), ("vt", "timestamptz")]
+        wanted += [("archived_at", "timestamptz")] if kind == "a" else []
+        wanted += [("message", "jsonb"), ("headers", "jsonb")]
+        columns = [
+            sql.Identifier(c) if c in have else sql.SQL(f"NULL::{t} AS {c}") for c, t in wanted
+        ]
+        return sql.SQL("(SELECT {} FROM pgmq.{}) AS src").format(
+            sql.SQL(", ").join(columns), sql.Identifier(table)
+        )
+
 
 def import_pgmq(
     conn: psycopg.Connection[Any],
@@ -526,9 +551,11 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
                 f"queue {name}: pgqueue already has a queue of that name holding messages"
                 " (live, archived or poisoned); drop or rename one of them first"
             )
-        for table, label in ((s.q, "live"), (s.a, "archived")):
+        for kind, label in (("q", "live"), ("a", "archived")):
             bad = conn.execute(
-                sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_HEADERS).format(table)
+                sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_HEADERS).format(
+                    s.rows(conn, kind)
+                )
             ).fetchone()
             if bad is not None and bad[0]:
                 problems.append(
@@ -537,7 +564,9 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
                     " (reserved); fix them in PGMQ first"
                 )
         bad = conn.execute(
-            sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(s.q)
+            sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(
+                s.rows(conn, "q")
+            )
         ).fetchone()
         if bad is not None and bad[0]:
             problems.append(
@@ -655,19 +684,20 @@ def _import_queue(
     dry_run: bool,
 ) -> QueueImport:
     """Copy one queue's live and archived messages (or count them, in a dry run)."""
+    q_rows, a_rows = s.rows(conn, "q"), s.rows(conn, "a")
     live, grouped, max_live, nulls = _one(
         conn,
         sql.SQL(
             "SELECT count(*), count(*) FILTER (WHERE " + _GROUP + " IS NOT NULL),"
             " coalesce(max(msg_id), 0), count(*) FILTER (WHERE message IS NULL) FROM {}"
-        ).format(s.q),
+        ).format(q_rows),
     )
     archived, max_archived, null_archived = _one(
         conn,
         sql.SQL(
             "SELECT count(*), coalesce(max(msg_id), 0), count(*) FILTER (WHERE message IS NULL)"
             " FROM {}"
-        ).format(s.a),
+        ).format(a_rows),
     )
     seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'msg_id')", (s.q_regclass,)).fetchone()
     handed_out = 0
@@ -715,7 +745,7 @@ def _import_queue(
             " vt, message, headers, group_key)"
             " SELECT %s, msg_id, read_ct, enqueued_at, last_read_at, vt,"
             " coalesce(message, 'null'), headers, " + _GROUP + " FROM {}"
-        ).format(s.q),
+        ).format(q_rows),
         (queue_id,),
     ).rowcount
     if created:
@@ -731,7 +761,7 @@ def _import_queue(
             " vt, message, headers, last_read_at)"
             " SELECT %s, msg_id, read_ct, enqueued_at, archived_at, vt,"
             " coalesce(message, 'null'), headers, last_read_at FROM {}"
-        ).format(s.a),
+        ).format(a_rows),
         (queue_id,),
     ).rowcount
     if (copied, kept) != (live, archived):  # the tables are locked: never, but never lose one

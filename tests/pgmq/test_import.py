@@ -564,3 +564,25 @@ def test_an_empty_pgqueue_queue_of_the_same_name_takes_the_messages_and_keeps_it
         assert _send(conn, "mixed", {"next": True}) == 6
         got = conn.execute("SELECT msg_id FROM pgmq.read('mixed', 30, 10)").fetchall()
         assert sorted(r[0] for r in got) == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_older_pgmq_without_headers_or_last_read_at_moves_too(real_pgmq_dsn: str) -> None:
+    """PGMQ before 1.5 had no headers, and before last_read_at no such column: NULL there."""
+    with _connect(real_pgmq_dsn) as conn:
+        conn.execute("SELECT pgmq.create('old')")
+        for t in ("q_old", "a_old"):
+            conn.execute(f"ALTER TABLE pgmq.{t} DROP COLUMN headers, DROP COLUMN last_read_at")
+        conn.execute(
+            "INSERT INTO pgmq.q_old (vt, message)"
+            " SELECT clock_timestamp(), jsonb_build_object('i', g) FROM generate_series(1, 3) g"
+        )
+        conn.execute("INSERT INTO pgmq.a_old (msg_id, vt, message) VALUES (9, now(), '{}')")
+        migrate(conn)
+        report = import_pgmq(conn)
+        assert [(q.live, q.archived, q.last_msg_id) for q in report.queues] == [(3, 1, 9)]
+        rows = conn.execute(
+            "SELECT msg_id, headers, last_read_at, message FROM pgmq.q_old ORDER BY 1"
+        ).fetchall()
+        assert rows == [(i, None, None, {"i": i}) for i in (1, 2, 3)]
+        assert conn.execute("SELECT msg_id, headers FROM pgmq.a_old").fetchall() == [(9, None)]
+        assert _send(conn, "old", {}) == 10
