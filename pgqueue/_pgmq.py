@@ -429,42 +429,56 @@ def import_pgmq(
             what = found.real_pgmq or "no schema pgmq"
             raise PgmqImportRefused(f"no PGMQ to import here ({what}: pgmq.meta is missing)")
         kind = f"extension {found.extension}" if found.extension else "schema"
-        conn.execute(
-            sql.SQL("SET LOCAL lock_timeout = {}").format(
-                sql.Literal(f"{int(lock_timeout_seconds * 1000)}ms")
-            )
-        )
-        if not dry_run:
-            # Queue creations (rows of meta) and every send, read and ack wait from here.
-            _lock_tables(conn, [sql.SQL("pgmq.meta")])
-        sources, left = _select_sources(conn, queues)
-        if not dry_run:
-            _lock_tables(conn, [t for s in sources for t in (s.q, s.a)])
-        _check_importable(conn, sources)
-        _refuse_dependents(conn, sources, whole=not left)
-        bindings = _topic_bindings(conn)
-        bound_at = _bound_at(conn)
-        throttles = _notify_throttles(conn)
-        moved = [
-            _import_queue(conn, s, bindings.get(s.target, ()), throttles.get(s.target), dry_run)
-            for s in sources
-        ]
-        notes = _notes(moved, left)
-        if dry_run:  # nothing was written: it only read
-            return ImportReport(True, kind, tuple(moved), tuple(left), None, tuple(notes))
-        _remove_pgmq(conn, found, sources, left)
-        version = None
-        if not left:
-            _install_in_transaction(conn, facade_files(), replace=False)
-            version = FACADE_VERSION
-            try:
-                notes += _carry_over(conn, moved, bound_at)
-            except psycopg.Error as exc:
-                raise PgmqImportRefused(
-                    "the facade refused a setting carried over from PGMQ (a topic binding or a"
-                    f" notify throttle): {exc.diag.message_primary or exc}; nothing was changed"
-                ) from exc
-        return ImportReport(False, kind, tuple(moved), tuple(left), version, tuple(notes))
+        # For this import only: a caller's own transaction gets its setting back.
+        row = conn.execute(
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+            (f"{int(lock_timeout_seconds * 1000)}ms",),
+        ).fetchone()
+        assert row is not None
+        report = _import_locked(conn, found, kind, queues, dry_run)
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (row[0],))
+        return report
+
+
+def _import_locked(
+    conn: psycopg.Connection[Any],
+    found: _Found,
+    kind: str,
+    queues: Sequence[str] | None,
+    dry_run: bool,
+) -> ImportReport:
+    """The import, in the caller's transaction, under the migrators' lock."""
+    if not dry_run:
+        # Queue creations (rows of meta) and every send, read and ack wait from here.
+        _lock_tables(conn, [sql.SQL("pgmq.meta")])
+    sources, left = _select_sources(conn, queues)
+    if not dry_run:
+        _lock_tables(conn, [t for s in sources for t in (s.q, s.a)])
+    _check_importable(conn, sources)
+    _refuse_dependents(conn, sources, whole=not left)
+    bindings = _topic_bindings(conn)
+    bound_at = _bound_at(conn)
+    throttles = _notify_throttles(conn)
+    moved = [
+        _import_queue(conn, s, bindings.get(s.target, ()), throttles.get(s.target), dry_run)
+        for s in sources
+    ]
+    notes = _notes(moved, left)
+    if dry_run:  # nothing was written: it only read
+        return ImportReport(True, kind, tuple(moved), tuple(left), None, tuple(notes))
+    _remove_pgmq(conn, found, sources, left)
+    version = None
+    if not left:
+        _install_in_transaction(conn, facade_files(), replace=False)
+        version = FACADE_VERSION
+        try:
+            notes += _carry_over(conn, moved, bound_at)
+        except psycopg.Error as exc:
+            raise PgmqImportRefused(
+                "the facade refused a setting carried over from PGMQ (a topic binding or a"
+                f" notify throttle): {exc.diag.message_primary or exc}; nothing was changed"
+            ) from exc
+    return ImportReport(False, kind, tuple(moved), tuple(left), version, tuple(notes))
 
 
 def _lock_tables(conn: psycopg.Connection[Any], tables: Sequence[sql.Composable]) -> None:

@@ -586,3 +586,16 @@ def test_an_older_pgmq_without_headers_or_last_read_at_moves_too(real_pgmq_dsn: 
         assert rows == [(i, None, None, {"i": i}) for i in (1, 2, 3)]
         assert conn.execute("SELECT msg_id, headers FROM pgmq.a_old").fetchall() == [(9, None)]
         assert _send(conn, "old", {}) == 10
+
+
+def test_an_import_inside_the_callers_transaction_leaves_its_lock_timeout_as_it_was(
+    filled: str,
+) -> None:
+    with psycopg.connect(filled) as conn:
+        conn.execute("SET lock_timeout = '7s'")
+        conn.execute("SELECT 1")  # the caller's transaction is open
+        import_pgmq(conn, dry_run=True, lock_timeout_seconds=2)
+        import_pgmq(conn, lock_timeout_seconds=2)
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        conn.rollback()  # the import was the caller's to roll back
+        assert status(conn).real_pgmq == "PGMQ installed as SQL in schema pgmq"
