@@ -26,8 +26,9 @@
 --     md5): the same PGMQ name always reaches the same queue, with no lookup.
 --     The name a queue was created with, where it differs from pgqueue's, is
 --     kept in pgmq.queue_name_map, so list_queues, metrics_all, pgmq.meta and
---     the views show PGMQ's names. PGMQ's own limits stay: at most 47
---     characters (48 for a pgqueue name), none of $ ; -- ' (22023).
+--     the views show PGMQ's names. PGMQ's own limits stay: 1 to 47
+--     characters, none of $ ; -- ' (22023); a pgqueue queue of 48 is reached
+--     all the same, but not created through the facade.
 --   * Attempts. PGMQ never drops a message; a queue created here gets
 --     max_attempts = 2147483647, so it never does either, unless an operator
 --     sets a limit through pgqueue.create_queue (then reads poison-drop into
@@ -118,24 +119,22 @@ AS $$
                      || '_' || left(md5(lower(queue_name)), 8) END;
 $$;
 
--- Raises 22023 unless a queue may be created by this name: PGMQ's limits (at
--- most 47 characters, none of $ ; -- '), or a pgqueue name (48 allowed).
+-- Raises 22023 unless a queue may be created by this name: PGMQ's limits (1
+-- to 47 characters, none of $ ; -- '), and at most 61 bytes (its views'
+-- names are identifiers: 63 bytes with the prefix).
 CREATE FUNCTION pgmq.validate_queue_name(queue_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF lower(queue_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN
-        RETURN;
-    END IF;
-    IF queue_name IS NULL OR queue_name = '' OR octet_length(queue_name) > 47
+    IF queue_name IS NULL OR queue_name = '' OR length(queue_name) > 47 OR octet_length(queue_name) > 61
        OR queue_name ~ '\$|;|--|''' THEN
         RAISE EXCEPTION 'invalid queue name %', quote_nullable(queue_name)
             USING ERRCODE = '22023',
-                  HINT = 'A queue name is 1 to 47 characters (bytes), none of $ ; -- '' (PGMQ''s limits); a'
-                         ' pgqueue name (1 to 48 letters, digits or underscores, not starting with a digit)'
-                         ' is used as it is, lowercased, and any other stands for a pgqueue queue named'
-                         ' after it (docs/pgmq.md).';
+                  HINT = 'A queue name is 1 to 47 characters (61 bytes), none of $ ; -- '' (PGMQ''s limits).'
+                         ' A pgqueue name (letters, digits and underscores, not starting with a digit) is'
+                         ' used as it is, lowercased; any other stands for a pgqueue queue named after it'
+                         ' (docs/pgmq.md).';
     END IF;
 END
 $$;
@@ -700,7 +699,9 @@ BEGIN
 END
 $$;
 
--- Removes and returns up to qty visible messages (FIFO groups honoured).
+-- Removes and returns up to qty visible messages (FIFO groups honoured), as
+-- they were: PGMQ's pop does not count itself as a read (pgqueue's does,
+-- which is what _take returns, so the count is taken back here).
 CREATE FUNCTION pgmq.pop(queue_name text, qty integer DEFAULT 1)
 RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql
@@ -715,7 +716,9 @@ BEGIN
         PERFORM pgqueue._notice_paused(q);
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue._take(q, 0, qty, true);
+    RETURN QUERY
+    SELECT t.msg_id, t.read_ct - 1, t.enqueued_at, t.last_read_at, t.vt, t.message, t.headers
+      FROM pgqueue._take(q, 0, qty, true) t;
 END
 $$;
 
