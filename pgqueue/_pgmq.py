@@ -11,9 +11,8 @@ all in one transaction, so a PGMQ client keeps running on the same database.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,6 @@ FACADE_VERSION = "1.13.0"
 COMMENT_PREFIX = "pgqueue pgmq facade"
 # PGMQ never poison-drops: an imported queue gets the most attempts there are.
 NEVER_POISON = 2_147_483_647
-# pgqueue's queue names (sql/schema/queue.sql, create_queue).
-_QUEUE_NAME = r"^[a-z_][a-z0-9_]{0,47}$"
 # The header PGMQ's FIFO groups read; the facade sends it as the group key.
 GROUP_HEADER = "x-pgmq-group"
 _MOVE_ADVICE = "move its queues into pgqueue with `pgqueue pgmq import` (docs/pgmq.md)"
@@ -349,42 +346,48 @@ def uninstall(conn: psycopg.Connection[Any]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Source:
-    """One PGMQ queue: its name in pgmq.meta and its tables."""
+    """One PGMQ queue: its name in pgmq.meta, its tables, and the pgqueue queue it becomes."""
 
     name: str
     partitioned: bool
     unlogged: bool
     created_at: Any
+    target: str = ""
+    """The pgqueue queue, as the facade names it (pgmq._name): set by _facade_names."""
 
     @property
-    def target(self) -> str:
-        """The pgqueue queue it becomes: its name lowercased, as PGMQ's tables and the facade do."""
+    def table_name(self) -> str:
+        """PGMQ's table name stem: the name lowercased (format_table_name)."""
         return self.name.lower()
 
     @property
     def q(self) -> sql.Composed:
-        return sql.SQL("pgmq.{}").format(sql.Identifier(f"q_{self.name.lower()}"))
+        return sql.SQL("{}.{}").format(
+            sql.Identifier("pgmq"), sql.Identifier(f"q_{self.table_name}")
+        )
 
     @property
     def a(self) -> sql.Composed:
-        return sql.SQL("pgmq.{}").format(sql.Identifier(f"a_{self.name.lower()}"))
-
-    @property
-    def q_regclass(self) -> str:
-        return f'pgmq."q_{self.name.lower()}"'
+        return sql.SQL("{}.{}").format(
+            sql.Identifier("pgmq"), sql.Identifier(f"a_{self.table_name}")
+        )
 
     def rows(self, conn: psycopg.Connection[Any], kind: str) -> sql.Composed:
         """Its queue ("q") or archive ("a") table as a row source with PGMQ 1.13's columns.
 
         Older PGMQs lack some (headers came in 1.5, last_read_at later): NULL there.
         """
-        table = f"{kind}_{self.name.lower()}"
+        table = f"{kind}_{self.table_name}"
         have = {
             str(c)
             for (c,) in conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass"
                 " AND attnum > 0 AND NOT attisdropped",
-                (f'pgmq."{table}"',),
+                (
+                    sql.SQL("{}.{}")
+                    .format(sql.Identifier("pgmq"), sql.Identifier(table))
+                    .as_string(conn),
+                ),
             )
         }
         wanted = [("msg_id", "bigint"), ("read_ct", "integer"), ("enqueued_at", "timestamptz")]
@@ -394,8 +397,8 @@ class _Source:
         columns = [
             sql.Identifier(c) if c in have else sql.SQL(f"NULL::{t} AS {c}") for c, t in wanted
         ]
-        return sql.SQL("(SELECT {} FROM pgmq.{}) AS src").format(
-            sql.SQL(", ").join(columns), sql.Identifier(table)
+        return sql.SQL("(SELECT {} FROM {}.{}) AS src").format(
+            sql.SQL(", ").join(columns), sql.Identifier("pgmq"), sql.Identifier(table)
         )
 
 
@@ -454,31 +457,93 @@ def _import_locked(
     sources, left = _select_sources(conn, queues)
     if not dry_run:
         _lock_tables(conn, [t for s in sources for t in (s.q, s.a)])
+    settings = _Settings.read(conn)
+    sources = _facade_names(conn, found, sources, settings)
     _check_importable(conn, sources)
     _refuse_dependents(conn, sources, whole=not left)
-    bindings = _topic_bindings(conn)
-    bound_at = _bound_at(conn)
-    throttles = _notify_throttles(conn)
-    moved = [
-        _import_queue(conn, s, bindings.get(s.target, ()), throttles.get(s.target), dry_run)
-        for s in sources
-    ]
-    notes = _notes(moved, left)
-    if dry_run:  # nothing was written: it only read
-        return ImportReport(True, kind, tuple(moved), tuple(left), None, tuple(notes))
-    _remove_pgmq(conn, found, sources, left)
-    version = None
-    if not left:
+    existed = {
+        str(name): int(limit)
+        for name, limit in conn.execute(
+            "SELECT queue_name, max_attempts FROM pgqueue.queue WHERE queue_name = ANY(%s)",
+            ([s.target for s in sources],),
+        )
+    }
+    if dry_run:  # nothing was written: it only read (and rehearsed, rolled back)
+        moved = [_import_queue(conn, s, settings, existed.get(s.target), True) for s in sources]
+        return ImportReport(True, kind, tuple(moved), tuple(left), None, tuple(_notes(moved, left)))
+    if left:
+        # PGMQ stays for the other queues, and so the facade cannot come yet.
+        moved = [_import_queue(conn, s, settings, existed.get(s.target), False) for s in sources]
+        _remove_pgmq_queues(conn, sources)
+        notes = _notes(moved, left) + _not_carried(moved)
+        return ImportReport(False, kind, tuple(moved), tuple(left), None, tuple(notes))
+    # The rows move in, PGMQ goes, the facade takes schema pgmq, names each
+    # queue as its PGMQ client knows it (pgmq.create on a queue that exists
+    # records the name and changes nothing else), and the settings follow.
+    moved = [_import_queue(conn, s, settings, existed.get(s.target), False) for s in sources]
+    _remove_pgmq(conn, found, sources)
+    _install_in_transaction(conn, facade_files(), replace=False)
+    for s in sources:
+        conn.execute("SELECT pgmq.create(%s)", (s.name,))
+    notes = _notes(moved, left) + _carry_over(conn, sources, settings)
+    return ImportReport(False, kind, tuple(moved), tuple(left), FACADE_VERSION, tuple(notes))
+
+
+# Where a rehearsal moves PGMQ's schema, for the facade to take its name.
+_ASIDE = "pgqueue_pgmq_importing"
+
+
+def _step_aside(conn: psycopg.Connection[Any], found: _Found) -> None:
+    """Free schema pgmq for the facade, in a savepoint to be rolled back.
+
+    PGMQ installed as SQL is renamed (no table lock: producers go on); an
+    extension is dropped (a facade installed beside an extension named pgmq
+    would take itself for it), which locks its tables until the rollback.
+    """
+    if found.extension is not None:
+        conn.execute("DROP EXTENSION pgmq CASCADE")
+        conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+        return
+    taken = conn.execute("SELECT to_regnamespace(%s)", (_ASIDE,)).fetchone()
+    if taken is not None and taken[0] is not None:
+        raise PgmqImportRefused(
+            f"a schema {_ASIDE} exists, which the import needs for a moment; drop or rename it"
+            " first; nothing was changed"
+        )
+    conn.execute(sql.SQL("ALTER SCHEMA pgmq RENAME TO {}").format(sql.Identifier(_ASIDE)))
+
+
+def _facade_names(
+    conn: psycopg.Connection[Any], found: _Found, sources: Sequence[_Source], settings: _Settings
+) -> list[_Source]:
+    """Each source with the pgqueue queue the facade makes of it, found by a rehearsal.
+
+    In a savepoint rolled back whatever happens: PGMQ out of the way, the
+    facade installed, each queue created through it, its settings carried over.
+    A name the facade refuses, or a setting, raises PgmqImportRefused.
+    """
+    names: dict[str, str] = {}
+    problems: list[str] = []
+    with conn.transaction():
+        _step_aside(conn, found)
         _install_in_transaction(conn, facade_files(), replace=False)
-        version = FACADE_VERSION
-        try:
-            notes += _carry_over(conn, moved, bound_at)
-        except psycopg.Error as exc:
-            raise PgmqImportRefused(
-                "the facade refused a setting carried over from PGMQ (a topic binding or a"
-                f" notify throttle): {exc.diag.message_primary or exc}; nothing was changed"
-            ) from exc
-    return ImportReport(False, kind, tuple(moved), tuple(left), version, tuple(notes))
+        for s in sources:
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT pgmq.create(%s)", (s.name,))
+            except psycopg.Error as exc:
+                said = exc.diag.message_primary or str(exc)
+                problems.append(f"queue {sql_literal(s.name)}: the pgmq facade refuses it ({said})")
+                continue
+            row = conn.execute("SELECT pgmq._name(%s)", (s.name,)).fetchone()
+            assert row is not None
+            names[s.name] = str(row[0])
+        if not problems:
+            _carry_over(conn, [replace(s, target=names[s.name]) for s in sources], settings)
+        raise psycopg.Rollback()
+    if problems:
+        raise PgmqImportRefused("cannot import: " + "; ".join(problems) + "; nothing was changed")
+    return [replace(s, target=names[s.name]) for s in sources]
 
 
 def _lock_tables(conn: psycopg.Connection[Any], tables: Sequence[sql.Composable]) -> None:
@@ -505,7 +570,7 @@ def _select_sources(
     # Two names differing in case name one queue in PGMQ (one pair of tables).
     every = list(
         {
-            s.target: s
+            s.table_name: s
             for s in (
                 _Source(str(name), bool(part), bool(unlogged), created)
                 for name, part, unlogged, created in conn.execute(
@@ -515,10 +580,10 @@ def _select_sources(
             )
         }.values()
     )
-    every.sort(key=lambda s: s.target)
+    every.sort(key=lambda s: s.table_name)
     if wanted is None:
         return every, []
-    names = {s.target for s in every}
+    names = {s.table_name for s in every}
     unknown = [n for n in dict.fromkeys(wanted) if n.lower() not in names]
     if unknown:
         shown = ", ".join(sql_literal(n) for n in unknown)
@@ -526,8 +591,8 @@ def _select_sources(
             f"PGMQ has no queue {shown} (pgmq.meta lists {len(every)}); nothing was changed"
         )
     chosen = {n.lower() for n in wanted}
-    return [s for s in every if s.target in chosen], [
-        s.name for s in every if s.target not in chosen
+    return [s for s in every if s.table_name in chosen], [
+        s.name for s in every if s.table_name not in chosen
     ]
 
 
@@ -546,12 +611,6 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
     problems: list[str] = []
     for s in sources:
         name = sql_literal(s.name)
-        if not re.match(_QUEUE_NAME, s.target):
-            problems.append(
-                f"queue {name}: a pgqueue queue name is 1 to 48 lowercase letters, digits or"
-                " underscores, not starting with a digit"
-            )
-            continue
         row = conn.execute(
             "SELECT q.queue_id,"
             " EXISTS (SELECT 1 FROM pgqueue.message m WHERE m.queue_id = q.queue_id),"
@@ -637,7 +696,7 @@ def _refuse_dependents(
         "  WHERE d.deptype = 'n')"
         " SELECT DISTINCT pg_describe_object(classid, objid, 0) FROM users"
         "  WHERE nsp IS DISTINCT FROM 'pgmq'::regnamespace ORDER BY 1",
-        {"whole": whole, "t": [f"{p}_{s.target}" for s in sources for p in ("q", "a")]},
+        {"whole": whole, "t": [f"{p}_{s.table_name}" for s in sources for p in ("q", "a")]},
     ).fetchall()
     if rows:
         raise PgmqImportRefused(
@@ -648,36 +707,35 @@ def _refuse_dependents(
         )
 
 
-def _topic_bindings(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, ...]]:
-    """PGMQ's topic patterns by queue (none before PGMQ 1.11)."""
-    if not _exists(conn, "pgmq.topic_bindings"):
-        return {}
-    out: dict[str, list[str]] = {}
-    for pattern, queue in conn.execute(
-        "SELECT pattern, queue_name FROM pgmq.topic_bindings ORDER BY queue_name, pattern"
-    ):
-        out.setdefault(str(queue).lower(), []).append(str(pattern))
-    return {k: tuple(v) for k, v in out.items()}
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    """PGMQ's per-queue settings, by PGMQ's table name stem (the name lowercased)."""
 
+    patterns: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Topic patterns bound to each queue (PGMQ 1.11 and later)."""
+    bound_at: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """When each (pattern, queue) was bound."""
+    throttles: dict[str, int] = field(default_factory=dict)
+    """Queues with notify-on-insert on, and their throttles in ms."""
 
-def _bound_at(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], Any]:
-    """When each of PGMQ's topic bindings was made, by (pattern, queue)."""
-    if not _exists(conn, "pgmq.topic_bindings"):
-        return {}
-    rows = conn.execute("SELECT pattern, lower(queue_name), bound_at FROM pgmq.topic_bindings")
-    return {(str(p), str(q)): at for p, q, at in rows}
-
-
-def _notify_throttles(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    """The queues with PGMQ's notify-on-insert on, and their throttles in ms."""
-    if not _exists(conn, "pgmq.notify_insert_throttle"):
-        return {}
-    return {
-        str(q).lower(): int(ms)
-        for q, ms in conn.execute(
-            "SELECT queue_name, throttle_interval_ms FROM pgmq.notify_insert_throttle"
-        )
-    }
+    @classmethod
+    def read(cls, conn: psycopg.Connection[Any]) -> _Settings:
+        """What PGMQ holds (nothing of what its version lacks)."""
+        out = cls()
+        if _exists(conn, "pgmq.topic_bindings"):
+            found: dict[str, list[str]] = {}
+            for pattern, queue, at in conn.execute(
+                "SELECT pattern, lower(queue_name), bound_at FROM pgmq.topic_bindings ORDER BY 2, 1"
+            ):
+                found.setdefault(str(queue), []).append(str(pattern))
+                out.bound_at[(str(pattern), str(queue))] = at
+            out.patterns.update({k: tuple(v) for k, v in found.items()})
+        if _exists(conn, "pgmq.notify_insert_throttle"):
+            for queue, ms in conn.execute(
+                "SELECT lower(queue_name), throttle_interval_ms FROM pgmq.notify_insert_throttle"
+            ):
+                out.throttles[str(queue)] = int(ms)
+        return out
 
 
 def _exists(conn: psycopg.Connection[Any], relation: str) -> bool:
@@ -693,11 +751,15 @@ def _has_function(conn: psycopg.Connection[Any], signature: str) -> bool:
 def _import_queue(
     conn: psycopg.Connection[Any],
     s: _Source,
-    patterns: tuple[str, ...],
-    throttle: int | None,
+    settings: _Settings,
+    existed: int | None,
     dry_run: bool,
 ) -> QueueImport:
-    """Copy one queue's live and archived messages (or count them, in a dry run)."""
+    """Copy one queue's live and archived messages (or count them, in a dry run).
+
+    `existed` is the max_attempts of a pgqueue queue of that name before the
+    import, None when the import creates it.
+    """
     q_rows, a_rows = s.rows(conn, "q"), s.rows(conn, "a")
     live, grouped, max_live, nulls = _one(
         conn,
@@ -713,7 +775,9 @@ def _import_queue(
             " FROM {}"
         ).format(a_rows),
     )
-    seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'msg_id')", (s.q_regclass,)).fetchone()
+    seq = conn.execute(
+        "SELECT pg_get_serial_sequence(%s, 'msg_id')", (s.q.as_string(conn),)
+    ).fetchone()
     handed_out = 0
     if seq is not None and seq[0] is not None:
         (handed_out,) = _one(
@@ -723,9 +787,6 @@ def _import_queue(
             ),
         )
     last = max(handed_out, max_live, max_archived)
-    existing = conn.execute(
-        "SELECT max_attempts FROM pgqueue.queue WHERE queue_name = %s", (s.target,)
-    ).fetchone()
     result = QueueImport(
         s.target,
         s.name,
@@ -735,16 +796,20 @@ def _import_queue(
         s.unlogged,
         last,
         grouped,
-        throttle,
-        patterns,
+        settings.throttles.get(s.table_name),
+        settings.patterns.get(s.table_name, ()),
         nulls + null_archived,
-        NEVER_POISON if existing is None else int(existing[0]),
+        NEVER_POISON if existed is None else existed,
     )
     if dry_run:
         return result
-    created = existing is None
-    if created:
-        conn.execute("SELECT pgqueue.create_queue(%s, %s)", (s.target, NEVER_POISON))
+    created = existed is None
+    # the facade made it already, unless PGMQ stays (an import of some queues)
+    conn.execute(
+        "SELECT pgqueue.create_queue(%s, %s) WHERE NOT EXISTS"
+        " (SELECT 1 FROM pgqueue.queue WHERE queue_name = %s)",
+        (s.target, NEVER_POISON, s.target),
+    )
     (queue_id,) = _one(
         conn,
         sql.SQL(
@@ -834,10 +899,16 @@ def _notes(moved: Sequence[QueueImport], left: Sequence[str]) -> list[str]:
     return notes
 
 
-def _remove_pgmq(
-    conn: psycopg.Connection[Any], found: _Found, sources: Sequence[_Source], left: Sequence[str]
-) -> None:
-    """Drop what PGMQ held for the moved queues; all of PGMQ when no queue is left in it."""
+def _remove_pgmq(conn: psycopg.Connection[Any], found: _Found, sources: Sequence[_Source]) -> None:
+    """Drop PGMQ, and pg_partman's configuration of its partitioned queues."""
+    _forget_partitions(conn, sources)
+    if found.extension is not None:
+        conn.execute("DROP EXTENSION pgmq CASCADE")
+    conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+
+
+def _forget_partitions(conn: psycopg.Connection[Any], sources: Sequence[_Source]) -> None:
+    """pg_partman's maintenance would go on looking for the partitioned queues' tables."""
     partman = conn.execute(
         "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
         " WHERE e.extname = 'pg_partman'"
@@ -848,13 +919,13 @@ def _remove_pgmq(
             sql.SQL("DELETE FROM {}.part_config WHERE parent_table = ANY(%s)").format(
                 sql.Identifier(partman[0])
             ),
-            ([f"pgmq.{p}_{s.name.lower()}" for s in parted for p in ("q", "a")],),
+            ([f"pgmq.{p}_{s.table_name}" for s in parted for p in ("q", "a")],),
         )
-    if not left:
-        if found.extension is not None:
-            conn.execute("DROP EXTENSION pgmq CASCADE")
-        conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
-        return
+
+
+def _remove_pgmq_queues(conn: psycopg.Connection[Any], sources: Sequence[_Source]) -> None:
+    """Drop the moved queues' tables and rows from a PGMQ that stays for its other queues."""
+    _forget_partitions(conn, sources)
     for s in sources:
         for table in (s.q, s.a):
             member = conn.execute(
@@ -866,41 +937,70 @@ def _remove_pgmq(
             if member and member[0]:
                 conn.execute(sql.SQL("ALTER EXTENSION pgmq DROP TABLE {}").format(table))
             conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(table))
-        conn.execute("DELETE FROM pgmq.meta WHERE lower(queue_name) = %s", (s.target,))
+        conn.execute("DELETE FROM pgmq.meta WHERE lower(queue_name) = %s", (s.table_name,))
+
+
+def _not_carried(moved: Sequence[QueueImport]) -> list[str]:
+    """What an import of some queues leaves behind: the facade is not there to hold it."""
+    notes = []
+    for q in moved:
+        lost = []
+        if q.pgmq_name != q.queue_name:
+            lost.append(f"its PGMQ name {sql_literal(q.pgmq_name)} in listings")
+        if q.notify_throttle_ms is not None:
+            lost.append(f"notify-on-insert ({q.notify_throttle_ms} ms)")
+        if q.topic_patterns:
+            lost.append("its topic bindings " + ", ".join(map(sql_literal, q.topic_patterns)))
+        if lost:
+            notes.append(
+                f"queue {sql_literal(q.queue_name)} moves without "
+                + "; ".join(lost)
+                + ": set them again through the facade once the last queue moves"
+            )
+    return notes
 
 
 def _carry_over(
-    conn: psycopg.Connection[Any],
-    moved: Sequence[QueueImport],
-    bound_at: dict[tuple[str, str], Any],
+    conn: psycopg.Connection[Any], sources: Sequence[_Source], settings: _Settings
 ) -> list[str]:
-    """Notify-on-insert and topic bindings, set again through the facade; notes for the rest."""
+    """Notify-on-insert and topic bindings, set again through the facade; notes for the rest.
+
+    A setting the facade refuses raises PgmqImportRefused.
+    """
     notes = []
-    throttled = [q for q in moved if q.notify_throttle_ms is not None]
-    if throttled and _has_function(conn, "pgmq.enable_notify_insert(text,integer)"):
-        for q in throttled:
-            conn.execute(
-                "SELECT pgmq.enable_notify_insert(%s, %s)", (q.queue_name, q.notify_throttle_ms)
+    throttled = [
+        (s, settings.throttles[s.table_name]) for s in sources if s.table_name in settings.throttles
+    ]
+    bound = [(p, s) for s in sources for p in settings.patterns.get(s.table_name, ())]
+    try:
+        if throttled and _has_function(conn, "pgmq.enable_notify_insert(text,integer)"):
+            for s, ms in throttled:
+                conn.execute("SELECT pgmq.enable_notify_insert(%s, %s)", (s.name, ms))
+        elif throttled:
+            notes.append(
+                "notify-on-insert was on for "
+                + ", ".join(sql_literal(s.name) for s, _ in throttled)
+                + " in PGMQ; this facade has no notify-on-insert, so it is off"
             )
-    elif throttled:
-        notes.append(
-            "notify-on-insert was on for "
-            + ", ".join(sql_literal(q.queue_name) for q in throttled)
-            + " in PGMQ; this facade has no notify-on-insert, so it is off"
-        )
-    bound = [(p, q.queue_name) for q in moved for p in q.topic_patterns]
-    if bound and _has_function(conn, "pgmq.bind_topic(text,text)"):
-        for pattern, queue in bound:
-            conn.execute("SELECT pgmq.bind_topic(%s, %s)", (pattern, queue))
-            if bound_at.get((pattern, queue)) is not None:  # when it was bound, as PGMQ says
-                conn.execute(
-                    "UPDATE pgmq.topic_bindings SET bound_at = %s"
-                    " WHERE pattern = %s AND queue_name = %s",
-                    (bound_at[(pattern, queue)], pattern, queue),
-                )
-    elif bound:
-        notes.append(
-            f"{len(bound)} topic binding(s) were not carried over (this facade has no topics): "
-            + ", ".join(f"{sql_literal(p)} -> {sql_literal(q)}" for p, q in bound)
-        )
+        if bound and _has_function(conn, "pgmq.bind_topic(text,text)"):
+            for pattern, s in bound:
+                conn.execute("SELECT pgmq.bind_topic(%s, %s)", (pattern, s.name))
+                at = settings.bound_at.get((pattern, s.table_name))
+                if at is not None:  # when it was bound, as PGMQ says
+                    conn.execute(
+                        "UPDATE pgmq.topic_bindings SET bound_at = %s"
+                        " WHERE pattern = %s AND queue_name = %s",
+                        (at, pattern, s.target),
+                    )
+        elif bound:
+            notes.append(
+                f"{len(bound)} topic binding(s) were not carried over (this facade has no"
+                " topics): "
+                + ", ".join(f"{sql_literal(p)} -> {sql_literal(s.name)}" for p, s in bound)
+            )
+    except psycopg.Error as exc:
+        raise PgmqImportRefused(
+            "the facade refused a setting carried over from PGMQ (a topic binding or a notify"
+            f" throttle): {exc.diag.message_primary or exc}; nothing was changed"
+        ) from exc
     return notes

@@ -217,8 +217,9 @@ def test_import_moves_every_message_and_archive_row_as_pgmq_held_it(filled: str)
             "SELECT notify_channel, notify_throttle_ms FROM pgqueue.queue WHERE queue_name = 'jobs'"
         ).fetchone()
         assert channel == ("pgmq.q_jobs.INSERT", 250)
-        created = conn.execute("SELECT queue_name FROM pgmq.list_queues() ORDER BY 1").fetchall()
-        assert [r[0] for r in created] == sorted(QUEUES)
+        # PGMQ's names, as PGMQ listed them ('Mixed' is pgqueue's queue 'mixed')
+        listed = conn.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall()
+        assert sorted(r[0] for r in listed) == sorted(["jobs", "Mixed", "fast", "parted"])
 
 
 def test_imported_messages_are_delivered_as_pgmq_would_deliver_them(filled: str) -> None:
@@ -259,7 +260,8 @@ def test_the_pgmq_client_keeps_working_on_the_imported_database(filled: str) -> 
         import_pgmq(conn)
     queue = PGMQueue(conn_string=filled, init_extension=False, pool_size=2)
     try:
-        assert sorted(q.queue_name for q in queue.list_queues()) == sorted(QUEUES)
+        listed = sorted(q.queue_name for q in queue.list_queues())
+        assert listed == sorted(["jobs", "Mixed", "fast", "parted"])
         msg_id = queue.send("jobs", {"hello": "again"}, headers={"h": 1})
         assert msg_id == 62
         read = queue.read("jobs", vt=30, qty=100)
@@ -315,8 +317,8 @@ def test_importing_some_queues_leaves_pgmq_for_the_others_then_the_rest_finish_t
     "spoil, says",
     [
         (
-            lambda c: c.execute("SELECT pgmq.create('bad-name')"),
-            "queue 'bad-name': a pgqueue queue name is 1 to 48",
+            lambda c: c.execute("SELECT pgmq.create(repeat('ü', 31))"),
+            f"queue '{'ü' * 31}': the pgmq facade refuses it (invalid queue name",
         ),
         (
             lambda c: _send(c, "jobs", {"x": 1}, {"_pg_transport": "forged"}),
@@ -599,3 +601,29 @@ def test_an_import_inside_the_callers_transaction_leaves_its_lock_timeout_as_it_
         assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
         conn.rollback()  # the import was the caller's to roll back
         assert status(conn).real_pgmq == "PGMQ installed as SQL in schema pgmq"
+
+
+def test_names_pgqueue_cannot_hold_move_to_the_queues_the_facade_derives_from_them(
+    real_pgmq_dsn: str,
+) -> None:
+    """Celery's pidbox queue, say: PGMQ's clients reach it by the same name afterwards."""
+    odd = "celery@host.celery.pidbox"
+    with _connect(real_pgmq_dsn) as conn:
+        conn.execute("SELECT pgmq.create(%s)", (odd,))
+        conn.execute("SELECT pgmq.create('Bad-Name')")
+        first = _send(conn, odd, {"n": 1})
+        _send(conn, "Bad-Name", {"n": 2})
+        conn.execute("SELECT pgmq.bind_topic('pid.#', %s)", (odd,))
+        migrate(conn)
+        plan = import_pgmq(conn, dry_run=True)
+        report = import_pgmq(conn)
+        names = {q.pgmq_name: q.queue_name for q in report.queues}
+        assert names == {q.pgmq_name: q.queue_name for q in plan.queues}
+        assert names[odd].startswith("celery_host_celery_pidbox_") and len(names[odd]) == 34
+        assert names["Bad-Name"].startswith("bad_name_")
+        listed = conn.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall()
+        assert sorted(r[0] for r in listed) == sorted([odd, "Bad-Name"])
+        got = conn.execute("SELECT msg_id, message FROM pgmq.read(%s, 30, 5)", (odd,)).fetchall()
+        assert got == [(first, {"n": 1})]
+        assert conn.execute("SELECT * FROM pgmq.send_topic('pid.x', '{}')").fetchone() == (1,)
+        assert conn.execute('SELECT message FROM pgmq."q_bad-name"').fetchall() == [({"n": 2},)]
