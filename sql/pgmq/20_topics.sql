@@ -293,7 +293,9 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[],
                                                  delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp  -- for pgmq._delay_seconds
+AS $$
 BEGIN
     IF send_batch_topic.delay IS NULL THEN
         RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';

@@ -105,7 +105,7 @@ def test_concurrent_readers_never_hold_one_message_at_once(facade_dsn: str, roun
         )
     hows = ["read", "read_with_poll", "read_grouped", "read_grouped_rr", "pop"]
     seen: list[Lease] = []
-    popped: list[tuple[int, int]] = []
+    popped: list[tuple[int, datetime]] = []  # (msg_id, the clock once the pop returned)
     done: set[int] = set()
     lock = threading.Lock()
     deadline = time.monotonic() + 60
@@ -116,7 +116,9 @@ def test_concurrent_readers_never_hold_one_message_at_once(facade_dsn: str, roun
         with connect(facade_dsn) as c:
             while time.monotonic() < deadline:
                 if how == "pop":
-                    rows = c.execute("SELECT * FROM pgmq.pop('q', 2)").fetchall()
+                    rows = c.execute(
+                        "SELECT r.msg_id, clock_timestamp() FROM pgmq.pop('q', 2) r"
+                    ).fetchall()
                     with lock:
                         popped.extend((r[0], r[1]) for r in rows)
                         done.update(r[0] for r in rows)
@@ -139,7 +141,7 @@ def test_concurrent_readers_never_hold_one_message_at_once(facade_dsn: str, roun
 
     run_threads(8, reader)
     assert len(done) == n, "some messages were never acked before the deadline"
-    keys = [(s.msg_id, s.read_ct) for s in seen] + popped
+    keys = [(s.msg_id, s.read_ct) for s in seen]
     assert len(keys) == len(set(keys)), "one lease (msg_id, read_ct) handed out twice"
     by_msg: dict[int, list[Lease]] = defaultdict(list)
     for s in seen:
@@ -149,6 +151,11 @@ def test_concurrent_readers_never_hold_one_message_at_once(facade_dsn: str, roun
         for before, after in itertools.pairwise(leases):
             # the next lease begins only once the one before ended (its vt passed)
             assert after.last_read_at >= before.vt, (msg_id, before, after)
+    popped_ids = [m for m, _ in popped]
+    assert len(popped_ids) == len(set(popped_ids)), "a message popped twice"
+    for msg_id, at in popped:
+        # a pop takes a message no lease holds: every lease of it had ended
+        assert all(s.vt <= at for s in by_msg[msg_id]), (msg_id, at, by_msg[msg_id])
     assert len(seen) + len(popped) >= n
 
 

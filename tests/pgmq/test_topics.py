@@ -726,6 +726,22 @@ def test_rights_follow_the_pgqueue_roles(conn: psycopg.Connection[Any]) -> None:
         assert conn.execute(
             "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], 3)"
         ).fetchone() == (1,)
+        for query in (  # every overload, the timestamp ones too
+            "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[])",
+            "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], now())",
+            "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], NULL, now())",
+            "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], NULL::jsonb[])",
+            "SELECT count(*) FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], NULL, 0)",
+            "SELECT pgmq.send_topic('k', '1', 0)",
+            "SELECT pgmq.send_topic('k', '1', NULL, 0)",
+            "SELECT count(*) FROM pgmq.test_routing('k')",
+            "SELECT count(*) FROM pgmq.list_topic_bindings()",
+            "SELECT count(*) FROM pgmq.list_topic_bindings('a')",
+            "SELECT pgmq.validate_routing_key('k') AND pgmq.validate_topic_pattern('k.#')",
+        ):
+            assert conn.execute(query).fetchone() == (1,) or query.startswith("SELECT pgmq.v"), (
+                query
+            )
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT pgmq.bind_topic('x', 'a')")
         with pytest.raises(errors.InsufficientPrivilege):
