@@ -345,6 +345,11 @@ def test_a_queue_created_through_pgmq_never_poison_drops(conn: psycopg.Connectio
     assert scalar(conn, "SELECT max_attempts FROM pgqueue.queue WHERE queue_name = 'never'") == (
         2_147_483_647
     )
+    # an operator sets a limit on the existing queue: from then on reads poison-drop
+    conn.execute("SELECT pgqueue.create_queue('never', 31)")
+    assert [r[1] for r in read(conn, "read", "never", 0, 1)] == [31]
+    assert read(conn, "read", "never", 0, 1) == []
+    assert scalar(conn, "SELECT read_ct FROM pgqueue.poison") == 31
 
 
 # -- (4) FIFO groups: one holder per group, in order, under expiry and poison ------------
