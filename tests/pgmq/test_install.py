@@ -138,6 +138,25 @@ def test_reinstall_upgrades_in_place_keeping_queues_messages_and_topic_bindings(
         assert conn.execute("SELECT * FROM pgmq.send_topic('orders.new', '{}')").fetchone() == (1,)
 
 
+def test_reinstall_keeps_pgmq_names_that_pgqueue_names_differently(dsn: str) -> None:
+    with _connect(dsn) as conn:
+        install(conn)
+        for name in ("MyQueue", "celery@host.celery.pidbox"):
+            conn.execute("SELECT pgmq.create(%s)", (name,))
+            conn.execute("SELECT pgmq.send(%s, '{}')", (name,))
+        listed = conn.execute("SELECT queue_name FROM pgmq.list_queues() ORDER BY 1").fetchall()
+        install(conn)
+        assert (
+            conn.execute("SELECT queue_name FROM pgmq.list_queues() ORDER BY 1").fetchall()
+            == listed
+        )
+        assert sorted(r[0] for r in listed) == sorted(["MyQueue", "celery@host.celery.pidbox"])
+        assert conn.execute("SELECT count(*) FROM pgmq.q_myqueue").fetchone() == (1,)
+        assert conn.execute(
+            'SELECT count(*) FROM pgmq."q_celery@host.celery.pidbox"'
+        ).fetchone() == (1,)
+
+
 def test_a_failing_facade_file_changes_nothing(dsn: str, tmp_path: Path) -> None:
     with _connect(dsn) as conn:
         install(conn)
