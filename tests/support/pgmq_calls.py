@@ -4,8 +4,9 @@ A scenario is a function that drives a PGMQ client and records what every call
 returned (or raised) in a `Trace`. It runs once against real PGMQ and once
 against pgqueue's `pgmq` facade; `assert_same` then compares the two traces
 call by call. What legitimately differs between two runs is normalized away:
-a timestamp becomes its offset from the moment the run began (equal within a
-tolerance), an age in seconds is equal within a second, an error is its SQLSTATE.
+a timestamp is compared by where it falls among the run's calls, or by its
+offset from the call that returned it (`When`); an age in seconds is equal
+within AGE_TOLERANCE; an error is its SQLSTATE (its message is only shown).
 msg_ids are compared as they are: both databases start every queue at 1.
 
 Async clients run the same scenarios through `SyncView`, which drives each
@@ -48,33 +49,30 @@ ASYNC_KINDS = frozenset({"asyncpg", "sqlalchemy_async"})
 
 
 @dataclasses.dataclass(frozen=True)
-class During:
-    """A timestamp that fell between two marks of its run (a call's start, a call's end):
-    runs are equal when their timestamps fall between the same marks, whatever their pace."""
+class When:
+    """A timestamp, placed two ways: between which marks of its run it fell (a call's
+    start, a call's end; None when outside the run so far: a future vt, a past delay),
+    and its offset in seconds from the start of the call that returned it. Two are the
+    same instant when they fall between the same marks (whatever the runs' pace), or
+    when their offsets agree within TOLERANCE (a time computed from the call's now)."""
 
-    mark: str
-
-    def __repr__(self) -> str:
-        return f"<after {self.mark}>"
-
-
-@dataclasses.dataclass(frozen=True)
-class Stamp:
-    """A timestamp outside its run so far (a future vt, a past delay), as its offset in
-    seconds from the start of the call that returned it; equal within TOLERANCE."""
-
+    mark: str | None
     offset: float
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Stamp):
+        if not isinstance(other, When):
             return NotImplemented
+        if self.mark is not None and self.mark == other.mark:
+            return True
         return abs(self.offset - other.offset) <= TOLERANCE_SECONDS
 
     def __hash__(self) -> int:
         return 0
 
     def __repr__(self) -> str:
-        return f"<call{self.offset:+.2f}s>"
+        if self.mark is None:
+            return f"<call{self.offset:+.2f}s>"
+        return f"<after {self.mark}, call{self.offset:+.2f}s>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,9 +180,11 @@ class Trace:
         now = datetime.now(UTC)
 
         def when(t: datetime) -> Any:
+            offset = (t - started).total_seconds()
             if self.marks[0][1] <= t <= now:
-                return During(max((m for m in self.marks if m[1] <= t), key=lambda m: m[1])[0])
-            return Stamp((t - started).total_seconds())
+                mark = max((m for m in self.marks if m[1] <= t), key=lambda m: m[1])[0]
+                return When(mark, offset)
+            return When(None, offset)
 
         return when
 
