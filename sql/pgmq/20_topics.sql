@@ -4,6 +4,8 @@
 -- existing schema pgmq, by the schema's owner, in the installer's transaction.
 -- Every statement is idempotent; an upgrade drops schema pgmq, installs
 -- again and carries the rows of topic_bindings over (pgqueue/_pgmq.py).
+-- It uses 10_facade.sql's name mapping (pgmq._name: PGMQ's name to pgqueue's
+-- queue; pgmq._pgmq_name: back) and pgmq._delay_seconds.
 --
 -- A binding says: a message sent with a routing key that matches `pattern`
 -- goes to queue `queue_name`. Routing keys are dot-separated words of
@@ -123,8 +125,10 @@ CREATE OR REPLACE TRIGGER pgmq_topic_bindings_of_dropped_queue
     REFERENCING OLD TABLE AS dropped
     FOR EACH STATEMENT EXECUTE FUNCTION pgmq._unbind_dropped_queues();
 
--- Binds pattern to queue_name (an existing queue; lowercased, as every name
--- the facade takes); binding twice is a no-op.
+-- Binds pattern to queue_name (an existing queue); binding twice is a no-op.
+-- The table holds pgqueue's name of the queue (pgmq._name), which the drop
+-- trigger matches; the functions show PGMQ's (pgmq._pgmq_name), as
+-- list_queues does.
 CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -170,10 +174,10 @@ AS $$
 BEGIN
     PERFORM pgmq.validate_routing_key(test_routing.routing_key);
     RETURN QUERY
-    SELECT b.pattern, b.queue_name, b.compiled_regex
+    SELECT b.pattern, pgmq._pgmq_name(b.queue_name), b.compiled_regex
       FROM pgmq.topic_bindings b
      WHERE test_routing.routing_key ~ b.compiled_regex
-     ORDER BY b.pattern, b.queue_name;
+     ORDER BY 1, 2;
 END
 $$;
 
@@ -183,9 +187,9 @@ RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_reg
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT b.pattern, b.queue_name, b.bound_at, b.compiled_regex
+    SELECT b.pattern, pgmq._pgmq_name(b.queue_name), b.bound_at, b.compiled_regex
       FROM pgmq.topic_bindings b
-     ORDER BY b.bound_at DESC, b.pattern, b.queue_name;
+     ORDER BY 3 DESC, 1, 2;
 $$;
 
 -- The bindings of one queue, newest first.
@@ -194,22 +198,24 @@ RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_reg
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT b.pattern, b.queue_name, b.bound_at, b.compiled_regex
+    SELECT b.pattern, pgmq._pgmq_name(b.queue_name), b.bound_at, b.compiled_regex
       FROM pgmq.topic_bindings b
      WHERE b.queue_name = pgmq._name($1)
      ORDER BY b.bound_at DESC, b.pattern;
 $$;
 
--- The queues routing_key reaches, each once, by name, locked FOR KEY SHARE
--- until commit: a queue dropped meanwhile is skipped (its row is gone when
--- the lock is granted) instead of failing the send, and a drop that comes
--- later waits for this send to commit, then deletes what it sent.
-CREATE OR REPLACE FUNCTION pgmq._topic_queues(routing_key text) RETURNS SETOF text
+-- The queues routing_key reaches, each once, by PGMQ's name (as PGMQ orders
+-- them), locked FOR KEY SHARE until commit: a queue dropped meanwhile is
+-- skipped (its row is gone when the lock is granted) instead of failing the
+-- send, and a drop that comes later waits for this send to commit, then
+-- deletes what it sent.
+CREATE OR REPLACE FUNCTION pgmq._topic_queues(routing_key text)
+RETURNS TABLE (queue_name text, pgmq_name text)
 LANGUAGE sql VOLATILE AS $$
-    SELECT q.queue_name
+    SELECT q.queue_name, pgmq._pgmq_name(q.queue_name)
       FROM pgqueue.queue q
      WHERE q.queue_name IN (SELECT b.queue_name FROM pgmq.topic_bindings b WHERE $1 ~ b.compiled_regex)
-     ORDER BY q.queue_name
+     ORDER BY 2
        FOR KEY SHARE OF q;
 $$;
 
@@ -232,7 +238,7 @@ BEGIN
             HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
     END IF;
     PERFORM pgqueue._require_nonnegative('delay', send_topic.delay);
-    FOR v_queue IN SELECT * FROM pgmq._topic_queues(send_topic.routing_key) LOOP
+    FOR v_queue IN SELECT t.queue_name FROM pgmq._topic_queues(send_topic.routing_key) t LOOP
         PERFORM pgqueue.send(v_queue, send_topic.msg, send_topic.headers, send_topic.delay,
                              group_key => send_topic.headers ->> 'x-pgmq-group');
         v_sent := v_sent + 1;
@@ -263,7 +269,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
-    v_queue text;
+    v_queue record;
     v_groups text[];
 BEGIN
     PERFORM pgmq.validate_routing_key(send_batch_topic.routing_key);
@@ -283,8 +289,8 @@ BEGIN
     END IF;
     FOR v_queue IN SELECT * FROM pgmq._topic_queues(send_batch_topic.routing_key) LOOP
         RETURN QUERY
-        SELECT v_queue, s.id
-          FROM pgqueue.send_batch(v_queue, send_batch_topic.msgs, send_batch_topic.headers,
+        SELECT v_queue.pgmq_name, s.id
+          FROM pgqueue.send_batch(v_queue.queue_name, send_batch_topic.msgs, send_batch_topic.headers,
                                   send_batch_topic.delay, group_keys => v_groups) AS s (id);
     END LOOP;
 END

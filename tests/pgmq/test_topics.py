@@ -21,23 +21,13 @@ from hypothesis import strategies as st
 from psycopg import errors, sql
 from psycopg.types.json import Jsonb
 
-from pgqueue._migrate import sql_dir
-
-TOPICS_SQL = sql_dir() / "pgmq" / "20_topics.sql"
-FACADE_SQL = sql_dir() / "pgmq" / "10_facade.sql"
-NEVER_POISON = 2_147_483_647
+from pgqueue._pgmq import install
 
 
 @pytest.fixture
-def topics_dsn(request: pytest.FixtureRequest) -> str:
-    """A fresh database with the facade (before the facade landed: pgqueue and the topics file)."""
-    if FACADE_SQL.exists():
-        return str(request.getfixturevalue("facade_dsn"))
-    dsn = str(request.getfixturevalue("dsn"))
-    with psycopg.connect(dsn) as conn:  # one transaction, as the installer applies it
-        conn.execute("CREATE SCHEMA pgmq")
-        conn.execute(TOPICS_SQL.read_text().encode())
-    return dsn
+def topics_dsn(facade_dsn: str) -> str:
+    """A fresh database with the facade installed (20_topics.sql among its files)."""
+    return facade_dsn
 
 
 @pytest.fixture
@@ -62,12 +52,8 @@ def queue_q(conn: psycopg.Connection[Any], real: psycopg.Connection[Any]) -> Non
 
 
 def create_queue(conn: psycopg.Connection[Any], name: str) -> None:
-    """Create a queue as a PGMQ client would (pgmq.create; pgqueue's before the facade landed)."""
-    has_create = conn.execute("SELECT to_regprocedure('pgmq.create(text)') IS NOT NULL").fetchone()
-    if has_create and has_create[0]:
-        conn.execute("SELECT pgmq.create(%s)", (name,))
-    else:
-        conn.execute("SELECT pgqueue.create_queue(%s, %s)", (name, NEVER_POISON))
+    """Create a queue as a PGMQ client would."""
+    conn.execute("SELECT pgmq.create(%s)", (name,))
 
 
 def bindings(conn: psycopg.Connection[Any], queue: str | None = None) -> list[tuple[str, str, str]]:
@@ -85,12 +71,12 @@ def routing(conn: psycopg.Connection[Any], key: str) -> list[tuple[str, str, str
 
 
 def facade_messages(conn: psycopg.Connection[Any]) -> list[tuple[str, int, Any, Any]]:
-    """Every live message of every queue: (queue, msg_id, message, headers)."""
+    """Every live message of every queue: (PGMQ's queue name, msg_id, message, headers), sorted."""
     rows = conn.execute(
-        "SELECT q.queue_name, m.msg_id, m.message, m.headers"
-        "  FROM pgqueue.message m JOIN pgqueue.queue q USING (queue_id) ORDER BY 1, 2"
+        "SELECT pgmq._pgmq_name(q.queue_name), m.msg_id, m.message, m.headers"
+        "  FROM pgqueue.message m JOIN pgqueue.queue q USING (queue_id)"
     ).fetchall()
-    return [tuple(r) for r in rows]
+    return sorted((str(r[0]), int(r[1]), r[2], r[3]) for r in rows)
 
 
 def real_messages(
@@ -98,12 +84,12 @@ def real_messages(
 ) -> list[tuple[str, int, Any, Any]]:
     """The same, from real PGMQ's queue tables."""
     out: list[tuple[str, int, Any, Any]] = []
-    for q in sorted(queues):
-        query = sql.SQL("SELECT msg_id, message, headers FROM pgmq.{} ORDER BY msg_id").format(
-            sql.Identifier(f"q_{q}")
+    for q in queues:
+        query = sql.SQL("SELECT msg_id, message, headers FROM pgmq.{}").format(
+            sql.Identifier(f"q_{q.lower()}")
         )
         out.extend((q, r[0], r[1], r[2]) for r in conn.execute(query))
-    return out
+    return sorted(out)
 
 
 def raises_22023(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...]) -> bool:
@@ -759,13 +745,7 @@ def test_rights_follow_the_pgqueue_roles(conn: psycopg.Connection[Any]) -> None:
 def test_installing_again_keeps_the_bindings(conn: psycopg.Connection[Any]) -> None:
     create_queue(conn, "a")
     conn.execute("SELECT pgmq.bind_topic('x.*', 'a')")
-    if FACADE_SQL.exists():
-        from pgqueue._pgmq import install
-
-        install(conn)
-    else:
-        with conn.transaction():
-            conn.execute(TOPICS_SQL.read_text().encode())
+    install(conn)  # an upgrade: schema pgmq dropped and made again, the bindings carried over
     assert bindings(conn) == [("x.*", "a", "^x\\.[^.]+$")]
     conn.execute("SELECT pgqueue.drop_queue('a')")  # the trigger is there once, and works
     assert bindings(conn) == []
@@ -773,16 +753,19 @@ def test_installing_again_keeps_the_bindings(conn: psycopg.Connection[Any]) -> N
 
 # -- the same calls against real PGMQ ---------------------------------------------------
 
-DIFF_QUEUES = ["audit", "errors", "eu", "orders"]
+# PGMQ's names: "Eu" (mixed case) and "dotted.q" (not a pgqueue name) are queues the
+# facade names after them, and shows by PGMQ's names.
+DIFF_QUEUES = ["audit", "errors", "Eu", "orders", "dotted.q"]
 DIFF_BINDINGS = [
     ("orders.*", "orders"),
     ("orders.#", "audit"),
     ("#", "audit"),
-    ("*.eu.*", "eu"),
+    ("*.eu.*", "Eu"),
+    ("#.dotted", "dotted.q"),
     ("#.error", "errors"),
     ("logs.*.error", "errors"),
     ("a*", "orders"),
-    ("orders.*", "eu"),
+    ("orders.*", "Eu"),
 ]
 DIFF_KEYS = [
     "orders.created",
@@ -793,6 +776,7 @@ DIFF_KEYS = [
     "abc",
     "zzz",
     "orders",
+    "a.dotted",
 ]
 
 
@@ -839,7 +823,13 @@ def test_the_same_calls_give_the_same_results_as_real_pgmq(
                 conn.execute(query, params).fetchall() == real.execute(query, params).fetchall()
             ), (query, key)
     assert facade_messages(conn) == real_messages(real, DIFF_QUEUES)
-    for pattern, queue in [("#", "audit"), ("#", "audit"), ("nope", "eu"), ("*.eu.*", "errors")]:
+    for pattern, queue in [
+        ("#", "audit"),
+        ("#", "audit"),
+        ("nope", "Eu"),
+        ("*.eu.*", "errors"),
+        ("*.eu.*", "Eu"),
+    ]:
         query = "SELECT pgmq.unbind_topic(%s, %s)"
         assert (
             conn.execute(query, (pattern, queue)).fetchall()
