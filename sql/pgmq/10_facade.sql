@@ -416,14 +416,16 @@ BEGIN
 END
 $$;
 
--- PGMQ's deprecated form; `partitioned` means nothing here.
+-- PGMQ's deprecated form; `partitioned` means nothing here. True, as PGMQ's
+-- is, even when there was no such queue (the NOTICE says so).
 CREATE FUNCTION pgmq.drop_queue(queue_name text, partitioned boolean) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
     RAISE WARNING 'pgmq.drop_queue(queue_name, partitioned) is deprecated: call pgmq.drop_queue(queue_name)';
-    RETURN pgmq.drop_queue(queue_name);
+    PERFORM pgmq.drop_queue(queue_name);
+    RETURN true;
 END
 $$;
 
