@@ -210,6 +210,30 @@ def test_distinct_pgmq_names_reach_distinct_queues(conn: Conn) -> None:
     assert got == ["A.B", "a.b"]
 
 
+def test_racing_creates_of_one_name_make_one_queue(facade: str, conn: Conn) -> None:
+    names = ["Race.Q", "race.q", "RACE.Q", "race.Q"] * 2
+    barrier = threading.Barrier(len(names))
+    errors: list[BaseException] = []
+
+    def create(name: str) -> None:
+        try:
+            with psycopg.connect(facade, autocommit=True) as c:
+                barrier.wait()
+                c.execute("SELECT pgmq.create(%s)", (name,))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 1
+    assert one(conn, "SELECT count(*) FROM pgmq.queue_name_map") == 1
+    assert views(conn) == {"q_race.q", "a_race.q"}
+
+
 @pytest.mark.parametrize(
     "name",
     ["", "x; DROP TABLE pgqueue.message", "a--b", "it's", "$x", "a" * 48, "\u00e9" * 31],
