@@ -472,7 +472,8 @@ def profile(server: str, n: int, systems: tuple[str, ...] = SYSTEMS) -> list[str
                         _flush_stats(conn)
                         funcs = conn.execute(
                             "SELECT schemaname || '.' || funcname, calls, self_time"
-                            " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 4"
+                            " FROM pg_stat_user_functions WHERE calls > 0"
+                            " ORDER BY self_time DESC LIMIT 4"
                         ).fetchall()
                         med = [statistics.median(x[j] for x in samples[10:]) for j in range(3)]
                         top = "; ".join(f"{f[0]} {f[2]:.0f} x{f[1]}" for f in funcs)
