@@ -99,6 +99,11 @@ def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
                     " (see docs/security.md)"
                 ) from exc
             if step is None:
+                # an upgraded pgqueue brings its own pgmq facade (docs/pgmq.md)
+                from pgqueue._pgmq import refresh
+
+                if refresh(conn):
+                    log.info("pgmq.facade_reinstalled")
                 return done
             log.info("migration.applied", migration=step.name)
             done.append(step)

@@ -11,6 +11,7 @@ all in one transaction, so a PGMQ client keeps running on the same database.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -122,6 +123,14 @@ def facade_files(directory: Path | None = None) -> list[Path]:
     return files
 
 
+def facade_digest(files: Sequence[Path]) -> str:
+    """A short digest of the facade's SQL: a facade installed from other files has another."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def latest_migration() -> int:
     """The number of the newest migration this pgqueue ships (the facade needs it applied)."""
     return available()[-1].version
@@ -143,7 +152,8 @@ class _Found:
 
     @property
     def version(self) -> str | None:
-        return (self.comment or "")[len(COMMENT_PREFIX) :].strip() or None if self.ours else None
+        words = (self.comment or "")[len(COMMENT_PREFIX) :].split()
+        return words[0] if self.ours and words else None
 
     @property
     def real_pgmq(self) -> str | None:
@@ -241,6 +251,23 @@ def install(conn: psycopg.Connection[Any], *, directory: Path | None = None) -> 
     return FACADE_VERSION
 
 
+def refresh(conn: psycopg.Connection[Any]) -> bool:
+    """Reinstall a facade installed by `pgqueue pgmq install` from other SQL than this pgqueue's.
+
+    `pgqueue migrate` calls it after migrating, so an upgraded pgqueue's
+    facade is the one its queues need; True when it reinstalled. A facade
+    installed as the extension is left alone (its files are the server's).
+    """
+    found = _inspect(conn)
+    if not found.ours or found.extension is not None:
+        return False
+    files = facade_files()
+    if (found.comment or "").split()[-1:] == [facade_digest(files)]:
+        return False
+    install(conn)
+    return True
+
+
 def _install_in_transaction(
     conn: psycopg.Connection[Any], files: Sequence[Path], *, replace: bool
 ) -> None:
@@ -258,7 +285,7 @@ def _install_in_transaction(
             ) from exc
     conn.execute(
         sql.SQL("COMMENT ON SCHEMA pgmq IS {}").format(
-            sql.Literal(f"{COMMENT_PREFIX} {FACADE_VERSION}")
+            sql.Literal(f"{COMMENT_PREFIX} {FACADE_VERSION} {facade_digest(files)}")
         )
     )
     _restore_facade_rows(conn, kept)

@@ -29,6 +29,8 @@ from pgqueue._pgmq import (
     COMMENT_PREFIX,
     NEVER_POISON,
     PgmqImportRefused,
+    facade_digest,
+    facade_files,
     import_pgmq,
     status,
 )
@@ -189,7 +191,7 @@ def test_import_moves_every_message_and_archive_row_as_pgmq_held_it(filled: str)
         found = status(conn)
         assert (found.installed, found.real_pgmq) == (True, None)
         comment = conn.execute("SELECT obj_description('pgmq'::regnamespace, 'pg_namespace')")
-        assert comment.fetchone() == (f"{COMMENT_PREFIX} 1.13.0",)
+        assert comment.fetchone() == (f"{COMMENT_PREFIX} 1.13.0 {facade_digest(facade_files())}",)
         assert _snapshot(conn) == before
         assert _metrics(conn) == metrics  # queue_length and total_messages (the id sequence)
 

@@ -24,6 +24,7 @@ from pgqueue._pgmq import (
     COMMENT_PREFIX,
     FACADE_VERSION,
     PgmqConflict,
+    facade_digest,
     facade_dir,
     facade_files,
     install,
@@ -66,7 +67,8 @@ def test_install_marks_the_schema_as_pgqueues_and_reports_the_pgmq_version(dsn: 
         before = status(conn)
         assert (before.installed, before.real_pgmq, before.version) == (False, None, None)
         assert install(conn) == FACADE_VERSION == "1.13.0"
-        assert _schema_comment(conn) == f"{COMMENT_PREFIX} {FACADE_VERSION}"
+        digest = facade_digest(facade_files())
+        assert _schema_comment(conn) == f"{COMMENT_PREFIX} {FACADE_VERSION} {digest}"
         after = status(conn)
         assert (after.installed, after.version, after.as_extension, after.real_pgmq) == (
             True,
@@ -322,3 +324,31 @@ def test_cli_install_errors_are_one_line_with_exit_1(empty_dsn: str, real_pgmq_d
         "real PGMQ: PGMQ installed as SQL in schema pgmq, 0 queues; `pgqueue pgmq import`"
         " moves them into pgqueue"
     )
+
+
+def test_migrate_reinstalls_a_facade_installed_from_other_sql_and_keeps_its_queues(
+    dsn: str,
+) -> None:
+    """An upgraded pgqueue's `pgqueue migrate` brings its own facade; the queues stay."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        install(conn)
+        conn.execute("SELECT pgmq.create('jobs')")
+        conn.execute("""SELECT pgmq.send('jobs', '{"n": 1}')""")
+        # what an older pgqueue's facade leaves: another digest in the mark
+        conn.execute("COMMENT ON SCHEMA pgmq IS 'pgqueue pgmq facade 1.13.0 000000000000'")
+        conn.execute(
+            "CREATE FUNCTION pgmq.left_by_the_old_facade() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+        )
+        migrate(conn)
+        mark = conn.execute("SELECT obj_description('pgmq'::regnamespace)").fetchone()
+        assert mark is not None and mark[0].endswith(facade_digest(facade_files()))
+        assert conn.execute("SELECT to_regproc('pgmq.left_by_the_old_facade')").fetchone() == (
+            None,
+        )
+        assert conn.execute("SELECT message FROM pgmq.read('jobs', 30, 5)").fetchall() == [
+            ({"n": 1},)
+        ]
+        # up to date: migrate leaves it alone
+        conn.execute("CREATE FUNCTION pgmq.kept() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        migrate(conn)
+        assert conn.execute("SELECT to_regproc('pgmq.kept')").fetchone() != (None,)
