@@ -3,16 +3,18 @@
 -- Applied by `pgqueue._pgmq.install(conn)` as the owner of schema pgqueue, in
 -- one transaction, into a schema pgmq that the installer has just created
 -- (and found free of a real PGMQ). Not a numbered migration: an upgrade is
--- DROP SCHEMA pgmq CASCADE and install again, so this file creates every
--- object and assumes none exists.
+-- DROP SCHEMA pgmq CASCADE and install again (the installer carrying over
+-- the rows of the facade's one table, queue_name_map), so this file creates
+-- every object and assumes none exists.
 --
--- One queue, two APIs. A pgmq queue IS a pgqueue queue: nothing here keeps
--- state of its own. Every function names PGMQ's arguments exactly (clients
--- call them by name: `pgmq.send(queue_name=>..., msg=>...)`), returns PGMQ's
--- types, and works through pgqueue's functions (send, send_batch, _take,
--- delete, archive, purge_queue, drop_queue, create_queue), so single flight,
--- FIFO groups, poison drops, pausing and wake-ups behave as they do for
--- pgqueue's own callers. The few direct writes (set_vt, the notify columns)
+-- One queue, two APIs. A pgmq queue IS a pgqueue queue: the only state kept
+-- here is the name PGMQ shows for a queue whose pgqueue name differs (below);
+-- lose it and every queue still works. Every function names PGMQ's
+-- arguments exactly (clients call them by name: `pgmq.send(queue_name=>...,
+-- msg=>...)`), returns PGMQ's types, and works through pgqueue's functions
+-- (send, send_batch, _take, delete, archive, purge_queue, drop_queue,
+-- create_queue), so single flight, FIFO groups, poison drops, pausing and
+-- wake-ups behave as they do for pgqueue's own callers. The few direct writes (set_vt, the notify columns)
 -- are single statements on one queue's rows.
 --
 -- Where the two differ (the full table is docs/pgmq.md):
