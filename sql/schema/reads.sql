@@ -637,6 +637,11 @@ $$;
 -- conditional (the pgmq facade's filtered read): only messages whose payload
 -- contains it (@>). Such a read takes some rows and leaves others, so it
 -- starts from the safe floors and neither sweeps nor moves a floor.
+--
+-- A read in a transaction that wrote before it moves no fast floor: rows its
+-- own writes hid from it (deleted, or leased and then given back) come back
+-- when it rolls back, and the next read must find them at once, not at the
+-- next sweep. Rolled-back leases of other transactions are the sweep's.
 CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
                               conditional jsonb DEFAULT NULL)
 RETURNS SETOF pgqueue.taken_record
@@ -668,6 +673,9 @@ DECLARE
     v_set_f boolean := false;
     v_set_t boolean := false;
     v_start timestamptz := clock_timestamp();
+    -- a read in a transaction that has written may not see rows its own
+    -- writes hid (a delete it may roll back): it moves no fast floor
+    v_wrote boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
     v_now timestamptz;
     v_left integer := qty;
     v_ok bigint[];
@@ -963,7 +971,7 @@ BEGIN
     v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
     v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
                                        OR v_new_t > v_fast_t + 1000000);
-    IF (v_set_f OR v_set_t) AND conditional IS NULL THEN
+    IF (v_set_f OR v_set_t) AND conditional IS NULL AND NOT v_wrote THEN
         -- one statement, evaluated in this order: the id before the vt
         PERFORM CASE WHEN v_set_f_id THEN setval(s_fast_f_id, v_locked_f_id) END,
                 CASE WHEN v_set_f THEN setval(s_fast_f, v_new_f) END,

@@ -464,3 +464,22 @@ def test_a_message_prepared_during_a_sweep_is_read_after_commit_prepared(
             for conn in idle:
                 conn.close()
         assert set(sent) <= seen
+
+
+def test_a_message_deleted_and_read_past_in_a_rolled_back_transaction_is_read_at_once(
+    dsn: str,
+) -> None:
+    """The read after the rollback finds it, not the late sweep a second later."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgqueue.create_queue('q')")
+        for _ in range(3):
+            (msg_id,) = conn.execute("SELECT pgqueue.send('q', '1')").fetchone() or ()
+            time.sleep(0.2)  # older than the fast floor's margin
+            with conn.transaction(force_rollback=True):
+                assert conn.execute("SELECT pgqueue.delete('q', %s)", (msg_id,)).fetchone() == (
+                    True,
+                )
+                assert conn.execute("SELECT msg_id FROM pgqueue.read('q', 30, 1)").fetchall() == []
+            got = conn.execute("SELECT msg_id FROM pgqueue.read('q', 30, 1)").fetchall()
+            assert got == [(msg_id,)]
+            conn.execute("SELECT pgqueue.delete('q', %s)", (msg_id,))
