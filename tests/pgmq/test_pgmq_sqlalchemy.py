@@ -210,8 +210,7 @@ def sessions(kind: str) -> Any:
                 t.sql,
                 "SELECT msg_id, read_ct FROM pgmq.q_jobs ORDER BY 1",
             )
-            # (no read here: right after a rollback pgqueue's reads may pass over a row
-            # for a while, test_pgmq_client's test_read_at_once_after_a_rolled_back_delete)
+            t.call(f"after {outcome}", q.read_batch, "jobs", 10, vt=1)
             t.call(f"archive after {outcome}", t.sql, "SELECT msg_id FROM pgmq.a_jobs")
             t.call(f"metrics after {outcome}", q.metrics, "jobs")
             for msg_id in (1, 2, 3, 4, 5):
