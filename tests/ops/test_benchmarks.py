@@ -33,7 +33,7 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--only",
-            "sql,enqueue,e2e,latency,barrier,growth,mvcc",
+            "sql,enqueue,e2e,latency,barrier,growth,mvcc,pgmq",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -50,6 +50,7 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
         "## 4.",
         "## 5.",
         "## 6. MVCC pressure",
+        "## 7. The PGMQ client",
     ):
         assert section in text
     for system in ("pgqueue", "PGMQ", "PgQueuer", "Procrastinate"):
