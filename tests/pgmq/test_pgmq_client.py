@@ -282,6 +282,55 @@ def test_pop_and_set_vt(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
     assert_same(real, facade)
 
 
+def edges(q: Any, t: Trace) -> None:
+    q.create_queue("jobs")
+    q.send_batch("jobs", [{"n": 1}, {"n": 2}])
+    t.call("read qty 0", q.read, "jobs", vt=30, qty=0)
+    t.call("pop qty 0", q.pop, "jobs", qty=0)
+    t.call("read negative qty", q.read, "jobs", vt=30, qty=-1)
+    t.call("read_with_poll no wait", q.read_with_poll, "jobs", vt=30, qty=5, max_poll_seconds=0)
+    t.call("metrics", q.metrics, "jobs")
+
+
+@kinds
+def test_edge_arguments(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
+    """qty 0, a negative qty (documented: 22023 for PGMQ's LIMIT error), no time to poll."""
+    real, facade = both(kind, edges, real_pgmq_dsn, facade_dsn)
+    assert real["read negative qty"].sqlstate == "2201W"
+    # Documented: the facade's read_with_poll always reads once; PGMQ's, given no
+    # time, returns before reading.
+    assert ids(real["read_with_poll no wait"]) == []
+    assert ids(facade["read_with_poll no wait"]) == [1, 2]
+    assert_same(
+        real,
+        facade,
+        documented={
+            "read negative qty": bad_argument,
+            "read_with_poll no wait": lambda _: facade["read_with_poll no wait"],
+            "metrics": lambda m: {**m, "queue_visible_length": 0},
+        },
+    )
+
+
+def negative_times(q: Any, t: Trace) -> None:
+    q.create_queue("delays")
+    t.call("send negative delay", q.send, "delays", {"n": 1}, delay=-5)
+    t.call("send_batch negative delay", q.send_batch, "delays", [{"n": 2}], delay=-5)
+    t.call("read them", q.read, "delays", vt=30, qty=5)
+    q.create_queue("vts")
+    q.send("vts", {"n": 1})
+    t.call("read negative vt", q.read, "vts", vt=-10, qty=1)
+    t.call("read it again", q.read, "vts", vt=30, qty=1)
+
+
+@kinds
+def test_negative_delay_and_vt(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
+    """PGMQ takes a negative delay or vt as a time in the past (visible at once)."""
+    real, facade = both(kind, negative_times, real_pgmq_dsn, facade_dsn)
+    assert ids(real["read them"]) == [1, 2] and ids(real["read it again"]) == [1]
+    assert_same(real, facade)
+
+
 def exact_set_vt(q: Any, t: Trace) -> None:
     q.create_queue("jobs")
     q.send_batch("jobs", [{"n": 1}, {"n": 2}])
