@@ -7,10 +7,13 @@ normalized). Each scenario runs with the four PGMQueue kinds the package ships:
 psycopg (sync), asyncpg, SQLAlchemy (sync) and SQLAlchemy (async).
 
 Where the facade differs on purpose (docs/pgmq.md), the test asserts the
-documented difference instead of equality: queues never poison-drop, a
-timestamp delay is rounded up to whole seconds, grouped reads give at most one
-message per group per call, a plain read honours the `x-pgmq-group` header,
-an unlogged queue is durable, a partitioned queue is refused.
+documented difference instead of equality: a timestamp delay is rounded up to
+whole seconds; grouped reads give at most one message per group per call, and
+messages without the header belong to no group; a plain read honours the
+`x-pgmq-group` header; an unlogged queue is durable; a partitioned queue or
+archive is refused; read_with_poll reads at least once; an unknown queue is
+PGQ01 (PGMQ: 42P01) and a bad argument 22023 (PGMQ: P0001). Queues created
+through pgmq never poison-drop, as in PGMQ: equal. Any other difference fails.
 """
 
 from __future__ import annotations
