@@ -506,7 +506,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg);
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'));
 END
 $$;
 
@@ -515,7 +515,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, group_key => headers ->> 'x-pgmq-group');
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, group_key => headers ->> 'x-pgmq-group');
 END
 $$;
 
@@ -524,7 +524,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, delay => delay);
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), delay => greatest(delay, 0));
 END
 $$;
 
@@ -533,7 +533,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, delay => pgmq._delay_seconds(delay));
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), delay => pgmq._delay_seconds(delay));
 END
 $$;
 
@@ -542,7 +542,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, delay,
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, greatest(delay, 0),
                              group_key => headers ->> 'x-pgmq-group');
 END
 $$;
@@ -552,7 +552,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), msg, headers, pgmq._delay_seconds(delay),
+    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, pgmq._delay_seconds(delay),
                              group_key => headers ->> 'x-pgmq-group');
 END
 $$;
@@ -569,7 +569,10 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT pgqueue.send_batch(
-               pgmq._name(queue_name), msgs, headers, delay,
+               pgmq._name(queue_name),
+               -- PGMQ stores a NULL body as SQL NULL; here it is JSON null (None to a client)
+               ARRAY(SELECT coalesce(m, 'null') FROM unnest(msgs) WITH ORDINALITY AS u (m, i) ORDER BY u.i),
+               headers, greatest(delay, 0),
                group_keys => CASE WHEN headers IS NOT NULL THEN
                                  ARRAY(SELECT h ->> 'x-pgmq-group'
                                          FROM unnest(headers) WITH ORDINALITY AS u (h, i) ORDER BY u.i)
@@ -649,7 +652,7 @@ AS $$
 DECLARE
     q pgqueue.queue;
 BEGIN
-    PERFORM pgqueue._require_nonnegative('vt', vt);
+    -- a negative vt is a lease that ends in the past, as in PGMQ (visible at once)
     PERFORM pgqueue._require_nonnegative('qty', qty);
     q := pgqueue._queue(pgmq._name(queue_name));
     IF q.paused_at IS NOT NULL THEN
@@ -681,7 +684,7 @@ DECLARE
     v_deadline timestamptz;
     v_told boolean := false;
 BEGIN
-    PERFORM pgqueue._require_nonnegative('vt', vt);
+    -- a negative vt is a lease that ends in the past, as in PGMQ (visible at once)
     PERFORM pgqueue._require_nonnegative('qty', qty);
     PERFORM pgqueue._require_nonnegative('max_poll_seconds', max_poll_seconds);
     PERFORM pgqueue._require_nonnegative('poll_interval_ms', poll_interval_ms);
@@ -951,7 +954,7 @@ BEGIN
      WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue % does not notify on insert', q.queue_name
-            USING ERRCODE = '55000', HINT = 'Enable it first with pgmq.enable_notify_insert().';
+            USING ERRCODE = '22023', HINT = 'Enable it first with pgmq.enable_notify_insert().';
     END IF;
     DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;
 END

@@ -189,18 +189,40 @@ def header_refusals(q: Any, t: Trace) -> None:
     t.call("headers a list", q.send, "jobs", {"n": 2}, headers=["a", "b"])
     t.call("headers a string", q.send, "jobs", {"n": 3}, headers="h")
     t.call("batch headers a list", q.send_batch, "jobs", [{"n": 4}], headers=[[1]])
+    t.call("queue length", lambda: q.metrics("jobs").queue_length)
+
+
+@kinds
+def test_headers_that_are_not_an_object_or_use_pg_keys_are_refused(
+    kind: str, real_pgmq_dsn: str, facade_dsn: str
+) -> None:
+    """PGMQ stores any JSON as headers; the facade wants an object without _pg_ keys (22023,
+    nothing sent), as docs/pgmq.md says."""
+    real, facade = both(kind, header_refusals, real_pgmq_dsn, facade_dsn)
+    refused = {
+        label: (lambda r: r if isinstance(r, Raised) else bad_argument(r))  # an error on both stays
+        for label in (
+            "headers with a _pg_ key",
+            "headers a list",
+            "headers a string",
+            "batch headers a list",
+        )
+    }
+    assert_same(real, facade, documented={**refused, "queue length": lambda _: 0})
+
+
+def body_none(q: Any, t: Trace) -> None:
+    q.create_queue("jobs")
     # None: JSON null through psycopg and asyncpg, SQL NULL through SQLAlchemy
     t.call("body None", q.send, "jobs", None)
+    t.call("batch body None", q.send_batch, "jobs", [None, {"n": 2}])
     t.call("read", q.read, "jobs", vt=30, qty=10)
 
 
 @kinds
-def test_headers_that_are_not_an_object_or_use_pg_keys(
-    kind: str, real_pgmq_dsn: str, facade_dsn: str
-) -> None:
-    """PGMQ stores any JSON as headers, and a NULL body; pgqueue wants an object without
-    _pg_ keys (22023) and a body (22004), which docs/pgmq.md does not list."""
-    real, facade = both(kind, header_refusals, real_pgmq_dsn, facade_dsn)
+def test_a_none_body_reads_back_as_none(kind: str, real_pgmq_dsn: str, facade_dsn: str) -> None:
+    """PGMQ stores an SQL NULL body, the facade JSON null: a client reads None from both."""
+    real, facade = both(kind, body_none, real_pgmq_dsn, facade_dsn)
     assert_same(real, facade)
 
 
