@@ -220,8 +220,9 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Sends msg to every queue bound by a pattern routing_key matches (once per
--- queue, even when several of its patterns match), through pgqueue.send: the
--- x-pgmq-group header names the message's FIFO group. The number of queues
+-- queue, even when several of its patterns match), through the facade's
+-- pgmq.send (so through pgqueue.send: the x-pgmq-group header names the
+-- message's FIFO group, notify-on-insert fires), as PGMQ's send_topic does. The number of queues
 -- sent to; 0 when none matched. All or nothing: one failing send fails all.
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
 RETURNS integer
@@ -239,8 +240,7 @@ BEGIN
     END IF;
     PERFORM pgqueue._require_nonnegative('delay', send_topic.delay);
     FOR v_queue IN SELECT t.queue_name FROM pgmq._topic_queues(send_topic.routing_key) t LOOP
-        PERFORM pgqueue.send(v_queue, send_topic.msg, send_topic.headers, send_topic.delay,
-                             group_key => send_topic.headers ->> 'x-pgmq-group');
+        PERFORM pgmq.send(v_queue, send_topic.msg, send_topic.headers, send_topic.delay);
         v_sent := v_sent + 1;
     END LOOP;
     RETURN v_sent;
@@ -258,8 +258,9 @@ LANGUAGE sql AS $$
 $$;
 
 -- Each queue bound by a pattern routing_key matches gets the whole batch
--- through pgqueue.send_batch (its ids in input order; each message's
--- x-pgmq-group header names its FIFO group), queues by name. The other
+-- through the facade's pgmq.send_batch (so pgqueue.send_batch: ids in input
+-- order, each message's x-pgmq-group header its FIFO group, a NULL body JSON
+-- null, a negative delay none, as for pgmq.send_batch), queues by name. The other
 -- overloads come here, a timestamp delay rounded up to whole seconds from now
 -- by pgmq._delay_seconds (10_facade.sql), as pgmq.send does. PGMQ
 -- refuses an empty batch: so do we. All or nothing.
@@ -270,7 +271,6 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
     v_queue record;
-    v_groups text[];
 BEGIN
     PERFORM pgmq.validate_routing_key(send_batch_topic.routing_key);
     IF send_batch_topic.msgs IS NULL OR cardinality(send_batch_topic.msgs) = 0 THEN
@@ -282,16 +282,14 @@ BEGIN
             cardinality(send_batch_topic.headers), cardinality(send_batch_topic.msgs)
             USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
     END IF;
-    PERFORM pgqueue._require_nonnegative('delay', send_batch_topic.delay);
-    IF send_batch_topic.headers IS NOT NULL THEN
-        v_groups := ARRAY(SELECT u.h ->> 'x-pgmq-group'
-                            FROM unnest(send_batch_topic.headers) WITH ORDINALITY AS u (h, ord) ORDER BY u.ord);
+    IF send_batch_topic.delay IS NULL THEN
+        RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';
     END IF;
     FOR v_queue IN SELECT * FROM pgmq._topic_queues(send_batch_topic.routing_key) LOOP
         RETURN QUERY
         SELECT v_queue.pgmq_name, s.id
-          FROM pgqueue.send_batch(v_queue.queue_name, send_batch_topic.msgs, send_batch_topic.headers,
-                                  send_batch_topic.delay, group_keys => v_groups) AS s (id);
+          FROM pgmq.send_batch(v_queue.queue_name, send_batch_topic.msgs, send_batch_topic.headers,
+                               send_batch_topic.delay) AS s (id);
     END LOOP;
 END
 $$;

@@ -542,7 +542,6 @@ def test_send_batch_topic_refuses_what_pgmq_refuses(conn: psycopg.Connection[Any
             " ARRAY['{}', '{}']::jsonb[])",
             (),
         ),
-        ("SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], -1)", ()),
         ("SELECT * FROM pgmq.send_batch_topic('k.', ARRAY['1']::jsonb[])", ()),
     ]:
         with pytest.raises(errors.InvalidParameterValue):
@@ -556,6 +555,14 @@ def test_send_batch_topic_refuses_what_pgmq_refuses(conn: psycopg.Connection[Any
         == []
     )
     assert facade_messages(conn) == []
+    # as pgmq.send_batch: a negative delay is none, a NULL body JSON null
+    rows = conn.execute(
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1', NULL]::jsonb[], -5)"
+    ).fetchall()
+    assert rows == [("a", 1), ("a", 2)]
+    assert [(m[2], m[3]) for m in facade_messages(conn)] == [(1, None), (None, None)]
+    visible = "SELECT count(*) FROM pgqueue.message WHERE vt <= clock_timestamp()"
+    assert conn.execute(visible).fetchone() == (2,)
 
 
 # -- bindings and the queue's life ---------------------------------------------------
@@ -790,6 +797,7 @@ def _diff_calls(key: str) -> list[tuple[str, tuple[Any, ...]]]:
         ("SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[])", (key, msgs)),
         ("SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], %s::jsonb[])", (key, msgs, heads)),
         ("SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], 0)", (key, msgs)),
+        ("SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], -5)", (key, msgs)),
         ("SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], now())", (key, msgs)),
         (
             "SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], %s::jsonb[], 0)",
