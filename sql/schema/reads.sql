@@ -677,6 +677,7 @@ DECLARE
     -- writes hid (a delete it may roll back): it moves no fast floor
     v_wrote boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
     v_now timestamptz;
+    v_leased_at timestamptz;
     v_left integer := qty;
     v_ok bigint[];
     v_ok_tids tid[];
@@ -917,11 +918,14 @@ BEGIN
                 )
                 SELECT * FROM taken t ORDER BY t.msg_id;
             ELSE
+                -- the lease starts now, when the rows are ours: not at v_now,
+                -- before the statement that picked them was planned and ran
+                v_leased_at := clock_timestamp();
                 RETURN QUERY
                 WITH leased AS (
                     UPDATE pgqueue.message
-                       SET vt = v_now + make_interval(secs => vt_seconds), read_ct = read_ct + 1,
-                           last_read_at = v_now
+                       SET vt = v_leased_at + make_interval(secs => vt_seconds), read_ct = read_ct + 1,
+                           last_read_at = v_leased_at
                      WHERE ctid = ANY (v_ok_tids)
                     RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
                 )
