@@ -25,47 +25,57 @@
 --
 -- send and send_batch get trailing group_key / group_keys parameters with
 -- defaults: dropped and created, as 0016 did, with their grants.
-
-CREATE TYPE pgqueue.taken_record AS (
-    msg_id bigint,
-    read_ct integer,
-    enqueued_at timestamptz,
-    last_read_at timestamptz,
-    vt timestamptz,
-    message jsonb,
-    headers jsonb
-);
+--
+-- Every statement can run again over its own result (a database that
+-- recorded no 0023 but has it, as a restore of an older version table may).
 
 ALTER TABLE pgqueue.queue
-    ADD COLUMN has_groups boolean NOT NULL DEFAULT false,
-    ADD COLUMN notify_channel text,
-    ADD COLUMN notify_throttle_ms integer NOT NULL DEFAULT 0 CHECK (notify_throttle_ms >= 0);
-ALTER TABLE pgqueue.message ADD COLUMN group_key text, ADD COLUMN last_read_at timestamptz;
-ALTER TABLE pgqueue.archive ADD COLUMN last_read_at timestamptz;
-ALTER TABLE pgqueue.poison ADD COLUMN group_key text;
+    ADD COLUMN IF NOT EXISTS has_groups boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS notify_channel text,
+    ADD COLUMN IF NOT EXISTS notify_throttle_ms integer NOT NULL DEFAULT 0 CHECK (notify_throttle_ms >= 0);
+ALTER TABLE pgqueue.message ADD COLUMN IF NOT EXISTS group_key text,
+    ADD COLUMN IF NOT EXISTS last_read_at timestamptz;
+ALTER TABLE pgqueue.archive ADD COLUMN IF NOT EXISTS last_read_at timestamptz;
+ALTER TABLE pgqueue.poison ADD COLUMN IF NOT EXISTS group_key text;
 
-CREATE UNLOGGED TABLE pgqueue.notify_sent (
+DO $$
+BEGIN
+    IF to_regtype('pgqueue.taken_record') IS NULL THEN
+        CREATE TYPE pgqueue.taken_record AS (
+            msg_id bigint,
+            read_ct integer,
+            enqueued_at timestamptz,
+            last_read_at timestamptz,
+            vt timestamptz,
+            message jsonb,
+            headers jsonb
+        );
+    END IF;
+END
+$$;
+
+CREATE UNLOGGED TABLE IF NOT EXISTS pgqueue.notify_sent (
     queue_id integer PRIMARY KEY,
     sent_at timestamptz NOT NULL
 );
 
-CREATE INDEX message_group_idx ON pgqueue.message (queue_id, group_key, msg_id)
+CREATE INDEX IF NOT EXISTS message_group_idx ON pgqueue.message (queue_id, group_key, msg_id)
     WHERE group_key IS NOT NULL;
-DROP INDEX pgqueue.message_fresh_idx;
-DROP INDEX pgqueue.message_timed_idx;
+DROP INDEX IF EXISTS pgqueue.message_fresh_idx;
+DROP INDEX IF EXISTS pgqueue.message_timed_idx;
 CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, vt, msg_id)
     WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
 CREATE INDEX message_timed_idx ON pgqueue.message (queue_id, vt, msg_id)
     WHERE (read_ct <> 0 OR vt > enqueued_at) AND group_key IS NULL;
 
-DROP TRIGGER message_backdated ON pgqueue.message;
+DROP TRIGGER IF EXISTS message_backdated ON pgqueue.message;
 CREATE TRIGGER message_backdated
     AFTER INSERT OR UPDATE ON pgqueue.message
     FOR EACH ROW WHEN (NEW.vt < statement_timestamp() AND NEW.group_key IS NULL)
     EXECUTE FUNCTION pgqueue._list_backdated();
 
-DROP FUNCTION pgqueue.send(text, jsonb, jsonb, integer, text, uuid, text, text);
-DROP FUNCTION pgqueue.send_batch(text, jsonb[], jsonb[], integer, text, text);
+DROP FUNCTION IF EXISTS pgqueue.send(text, jsonb, jsonb, integer, text, uuid, text, text);
+DROP FUNCTION IF EXISTS pgqueue.send_batch(text, jsonb[], jsonb[], integer, text, text);
 DELETE FROM pgqueue.role_grant WHERE function_signature IN (
     'pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text)',
     'pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text)');
@@ -73,7 +83,7 @@ DELETE FROM pgqueue.role_grant WHERE function_signature IN (
 -- The queue's notify_channel, unless it was notified less than
 -- notify_throttle_ms ago (a send of any delay: listeners of that channel ask
 -- to hear of every insert, as PGMQ's do). Two racing sends may both notify.
-CREATE FUNCTION pgqueue._notify_channel(q pgqueue.queue) RETURNS void
+CREATE OR REPLACE FUNCTION pgqueue._notify_channel(q pgqueue.queue) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF q.notify_throttle_ms > 0 THEN
@@ -89,7 +99,7 @@ END
 $$;
 
 -- Raises unless group_key is NULL or 1 to 200 characters.
-CREATE FUNCTION pgqueue._require_group_key(group_key text) RETURNS void
+CREATE OR REPLACE FUNCTION pgqueue._require_group_key(group_key text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF group_key = '' OR length(group_key) > 200 THEN
@@ -105,7 +115,7 @@ $$;
 -- Keys are sorted, so two transactions lock shared groups in one order. A hash
 -- collision only makes two groups' sends wait for each other. Called only with
 -- at least one key; marks the queue as having groups.
-CREATE FUNCTION pgqueue._lock_groups(q pgqueue.queue, group_keys text[]) RETURNS void
+CREATE OR REPLACE FUNCTION pgqueue._lock_groups(q pgqueue.queue, group_keys text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(q.queue_id, hashtext(k))
@@ -122,7 +132,7 @@ $$;
 -- full check). With a dedupe_key: single flight, decided by the unique index;
 -- a retry that carries its send_token returns its own message, live or
 -- consumed (its receipt), before it considers another sender's.
-CREATE FUNCTION pgqueue.send(
+CREATE OR REPLACE FUNCTION pgqueue.send(
     queue_name text,
     message jsonb,
     headers jsonb DEFAULT NULL,
@@ -233,7 +243,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION pgqueue.send_batch(
+CREATE OR REPLACE FUNCTION pgqueue.send_batch(
     queue_name text,
     messages jsonb[],
     headers jsonb[] DEFAULT NULL,
@@ -408,7 +418,7 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION pgqueue._take(pgqueue.queue, integer, integer, boolean);
+DROP FUNCTION IF EXISTS pgqueue._take(pgqueue.queue, integer, integer, boolean);
 
 -- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
 -- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
@@ -434,7 +444,7 @@ DROP FUNCTION pgqueue._take(pgqueue.queue, integer, integer, boolean);
 -- own writes hid from it (deleted, or leased and then given back) come back
 -- when it rolls back, and the next read must find them at once, not at the
 -- next sweep. Rolled-back leases of other transactions are the sweep's.
-CREATE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
+CREATE OR REPLACE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
                               conditional jsonb DEFAULT NULL)
 RETURNS SETOF pgqueue.taken_record
 LANGUAGE plpgsql
@@ -1011,6 +1021,7 @@ $$;
 
 INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text,text[])', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}');
+    ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text,text[])', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}')
+ON CONFLICT (function_signature) DO NOTHING;
 
 SELECT pgqueue.grant_roles();
