@@ -45,7 +45,7 @@ kinds = pytest.mark.parametrize("kind", PGMQ_KINDS)
 
 
 def both(kind: str, scenario: Any, real_dsn: str, facade_dsn: str) -> tuple[Trace, Trace]:
-    """The traces of one scenario run with one client kind on real PGMQ, then on the facade."""
+    """The traces of one scenario with one client kind: real PGMQ and the facade, side by side."""
     return differential(run_pgmq, kind, scenario, real_dsn, facade_dsn)
 
 

@@ -2,7 +2,8 @@
 
 A scenario is a function that drives a PGMQ client and records what every call
 returned (or raised) in a `Trace`. It runs once against real PGMQ and once
-against pgqueue's `pgmq` facade; `assert_same` then compares the two traces
+against pgqueue's `pgmq` facade, the two runs side by side in two threads
+(`differential`); `assert_same` then compares the two traces
 call by call. What legitimately differs between two runs is normalized away:
 a timestamp is compared by where it falls among the run's calls, or by its
 offset from the call that returned it (`When`); an age in seconds is equal
@@ -23,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -417,8 +419,18 @@ def differential(
     real_dsn: str,
     facade_dsn: str,
 ) -> tuple[Trace, Trace]:
-    """The traces of one scenario with one client kind: on real PGMQ, then on the facade."""
-    return run(kind, scenario, real_dsn, "real"), run(kind, scenario, facade_dsn, "facade")
+    """The traces of one scenario with one client kind: on real PGMQ and on the facade.
+
+    The two runs go side by side, each in a thread of its own with its own client
+    (and, for an async kind, its own event loop) on its own database: nothing is
+    shared but the process. Most scenarios wait (a delay to pass, a poll to give
+    up, a listener to settle), so this halves a test's time and changes nothing
+    the comparison sees: each trace places its timestamps among its own calls.
+    """
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"pgmq-{kind}") as pool:
+        real = pool.submit(run, kind, scenario, real_dsn, "real")
+        facade = pool.submit(run, kind, scenario, facade_dsn, "facade")
+        return real.result(), facade.result()
 
 
 # -- small helpers the scenarios share -------------------------------------------------------
