@@ -4,7 +4,12 @@ Differential, call by call: every scenario drives the client against real PGMQ
 (installed from the same package's pgmq.sql) and against the facade, and the
 two runs must return the same things (tests/support/pgmq_calls.py says what is
 normalized). Each scenario runs with the four PGMQueue kinds the package ships:
-psycopg (sync), asyncpg, SQLAlchemy (sync) and SQLAlchemy (async).
+psycopg (sync), asyncpg, SQLAlchemy (sync) and SQLAlchemy (async). The default
+run (`pytest`, and so CI) takes two of them, psycopg and SQLAlchemy (async):
+between them the package's sync and async operations, both drivers (psycopg,
+asyncpg) and both ways of connecting (the client's own pool, a SQLAlchemy
+engine). The other two carry the `pgmq_full` marker: `pytest -m pgmq_full
+tests/pgmq` runs them by hand, `pytest -m 'not bench' tests/pgmq` all four.
 
 Where the facade differs on purpose (docs/pgmq.md), the test asserts the
 documented difference instead of equality: a timestamp delay is rounded up to
@@ -41,7 +46,12 @@ from support.pgmq_calls import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:list_queues\\(\\) now returns:UserWarning")
 
-kinds = pytest.mark.parametrize("kind", PGMQ_KINDS)
+# The kinds the default run takes (the module's docstring says why these two).
+DEFAULT_KINDS = frozenset({"psycopg", "sqlalchemy_async"})
+kinds = pytest.mark.parametrize(
+    "kind",
+    [k if k in DEFAULT_KINDS else pytest.param(k, marks=pytest.mark.pgmq_full) for k in PGMQ_KINDS],
+)
 
 
 def both(kind: str, scenario: Any, real_dsn: str, facade_dsn: str) -> tuple[Trace, Trace]:
