@@ -98,7 +98,9 @@ CREATE TABLE pgqueue.queue (
     paused_by text,
     has_groups boolean NOT NULL DEFAULT false,
     notify_channel text,
-    notify_throttle_ms integer NOT NULL DEFAULT 0 CHECK (notify_throttle_ms >= 0)
+    notify_throttle_ms integer NOT NULL DEFAULT 0 CHECK (notify_throttle_ms >= 0),
+    -- the read lanes' sequences, in _lane_seqs's order (reads.sql)
+    lane_seqs regclass[]
 );
 
 -- Live (unacknowledged) messages of every queue. Reads find them by the two

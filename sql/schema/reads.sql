@@ -278,18 +278,38 @@ $$;
 -- The seven sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast
 -- floor of each lane (and msg_id of the fresh one), safe floor of each lane,
 -- the earliest time of the next late sweep, and the start time of the server
--- whose reads set the floors.
--- One list of them, for creating (creating => true) and dropping.
+-- whose reads set the floors. One list of their names.
+CREATE FUNCTION pgqueue._lane_names() RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep', 'server'];
+$$;
+
+-- A queue's lane sequences, in the order of _lane_names (queue.lane_seqs).
+CREATE FUNCTION pgqueue._lane_seq_list(queue_id integer) RETURNS regclass[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY(SELECT ('pgqueue.lane_' || queue_id || '_' || u.w)::regclass
+                   FROM unnest(pgqueue._lane_names()) WITH ORDINALITY AS u (w, i)
+                  ORDER BY u.i);
+$$;
+
+-- Creates (creating => true) or drops a queue's lane sequences. Once they
+-- are created, the queue's row lists them (queue.lane_seqs): a read finds
+-- them there, not by name (seven lookups by name cost a one-message read
+-- about a tenth of its server time).
 CREATE FUNCTION pgqueue._lane_seqs(queue_id integer, creating boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     w text;
 BEGIN
-    FOREACH w IN ARRAY ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep', 'server'] LOOP
+    FOREACH w IN ARRAY pgqueue._lane_names() LOOP
         EXECUTE format(CASE WHEN creating THEN 'CREATE SEQUENCE IF NOT EXISTS pgqueue.%I AS bigint'
                             ELSE 'DROP SEQUENCE IF EXISTS pgqueue.%I' END,
                        'lane_' || queue_id || '_' || w);
     END LOOP;
+    IF creating THEN
+        UPDATE pgqueue.queue x SET lane_seqs = pgqueue._lane_seq_list(x.queue_id)
+         WHERE x.queue_id = _lane_seqs.queue_id;
+    END IF;
 END
 $$;
 
@@ -703,6 +723,7 @@ DECLARE
     v_round_f_id bigint;
     v_round_t timestamptz;
     v_listed boolean := false;
+    v_any_listed boolean;
     v_round_listed boolean;
     v_writer timestamptz;
     v_new bigint;
@@ -711,21 +732,28 @@ BEGIN
     IF qty <= 0 THEN
         RETURN;
     END IF;
+    -- The lanes' sequences, as the queue's row lists them (by name for a row
+    -- without the list).
+    IF q.lane_seqs IS NULL THEN
+        q.lane_seqs := pgqueue._lane_seq_list(q.queue_id);
+    END IF;
+    s_fast_f := q.lane_seqs[1];
+    s_fast_f_id := q.lane_seqs[2];
+    s_fast_t := q.lane_seqs[3];
+    s_safe_f := q.lane_seqs[4];
+    s_safe_t := q.lane_seqs[5];
+    s_sweep := q.lane_seqs[6];
+    s_server := q.lane_seqs[7];
     -- vt before id: a writer sets id before vt, so a read racing it sees a
-    -- pair no higher than the one written (see the fast floor update below)
-    -- one statement: the sequences are found by name, and read in this order
-    SELECT x.ff, x.ffi, x.ft, x.sf, x.st, x.sw, x.sv,
-           coalesce(pg_sequence_last_value(x.ff), 1), coalesce(pg_sequence_last_value(x.ffi), 1),
-           coalesce(pg_sequence_last_value(x.ft), 1), coalesce(pg_sequence_last_value(x.sf), 1),
-           coalesce(pg_sequence_last_value(x.st), 1), coalesce(pg_sequence_last_value(x.sw), 1),
-           coalesce(pg_sequence_last_value(x.sv), 0)
-      INTO s_fast_f, s_fast_f_id, s_fast_t, s_safe_f, s_safe_t, s_sweep, s_server,
-           v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep, v_server
-      FROM (SELECT (y.p || 'fast_f')::regclass AS ff, (y.p || 'fast_f_id')::regclass AS ffi,
-                   (y.p || 'fast_t')::regclass AS ft, (y.p || 'safe_f')::regclass AS sf,
-                   (y.p || 'safe_t')::regclass AS st, (y.p || 'sweep')::regclass AS sw,
-                   (y.p || 'server')::regclass AS sv
-              FROM (SELECT 'pgqueue.lane_' || q.queue_id || '_' AS p) y) x;
+    -- pair no higher than the one written (see the fast floor update below);
+    -- one statement, read in this order; and whether any row of the queue is
+    -- listed for a recheck
+    SELECT coalesce(pg_sequence_last_value(s_fast_f), 1), coalesce(pg_sequence_last_value(s_fast_f_id), 1),
+           coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f), 1),
+           coalesce(pg_sequence_last_value(s_safe_t), 1), coalesce(pg_sequence_last_value(s_sweep), 1),
+           coalesce(pg_sequence_last_value(s_server), 0),
+           EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id)
+      INTO v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep, v_server, v_any_listed;
 
     -- A clock that went back (an NTP step, a failover to a server whose clock
     -- is behind): every floor was set at or below the time of the read that
@@ -798,87 +826,121 @@ BEGIN
     -- theirs, and the batch is the first of them all in that order.
     LOOP
         v_now := clock_timestamp();
-        WITH RECURSIVE f AS (
-            SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
-               AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
-               AND m.msg_id <> ALL (v_handed)
-               AND (conditional IS NULL OR m.message @> conditional)
-             ORDER BY m.vt, m.msg_id
-             LIMIT v_left
-               FOR UPDATE SKIP LOCKED
-        ), t AS (
-            SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
-               AND m.vt >= v_lo_t AND m.vt <= v_now
-               AND m.msg_id <> ALL (v_handed)
-               AND (conditional IS NULL OR m.message @> conditional)
-             ORDER BY m.vt, m.msg_id
-             LIMIT v_left
-               FOR UPDATE SKIP LOCKED
-        ), gk AS (
-            -- the queue's groups, one index probe each (a skip scan)
-            (SELECT m.group_key FROM pgqueue.message m
-              WHERE q.has_groups AND m.queue_id = q.queue_id AND m.group_key IS NOT NULL
-              ORDER BY m.group_key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT m.group_key FROM pgqueue.message m
-                     WHERE m.queue_id = q.queue_id AND m.group_key > gk.group_key
-                     ORDER BY m.group_key LIMIT 1)
-              FROM gk WHERE gk.group_key IS NOT NULL
-        ), heads AS MATERIALIZED (
-            -- each group's head, when visible: the candidates, earliest first
-            SELECT hd.msg_id, hd.vt FROM gk
-             CROSS JOIN LATERAL (
-                   SELECT m.msg_id, m.vt FROM pgqueue.message m
-                    WHERE m.queue_id = q.queue_id AND m.group_key = gk.group_key
-                    ORDER BY m.group_key, m.msg_id LIMIT 1) hd
-             WHERE gk.group_key IS NOT NULL AND hd.vt <= v_now AND hd.msg_id <> ALL (v_handed)
-             ORDER BY hd.vt, hd.msg_id
-        ), g AS (
-            -- locked one by one in that order, until enough are (LIMIT stops
-            -- the nested loop: no head past those is locked)
-            SELECT x.msg_id, x.vt, x.read_ct, x.tid
-              FROM heads h
-             CROSS JOIN LATERAL (
-                   SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-                    WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
-                      AND (conditional IS NULL OR m.message @> conditional)
-                    LIMIT 1
-                      FOR UPDATE SKIP LOCKED) x
-             LIMIT v_left
-        ), listed AS (
-            SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
-        ), l AS (
-            -- From the listings to the messages, one probe by primary key each
-            -- (LATERAL with LIMIT: the planner cannot turn it into a scan of
-            -- the queue's messages joined to the listings).
-            SELECT x.msg_id, x.vt, x.read_ct, x.tid
-              FROM listed r
-             CROSS JOIN LATERAL (
-                   SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-                    WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
-                      AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
-                      AND (conditional IS NULL OR m.message @> conditional)
-                    LIMIT 1
-                      FOR UPDATE SKIP LOCKED) x
-             ORDER BY x.vt, x.msg_id
-             LIMIT v_left
-        ), c AS (
-            SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
-              FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l
-                    UNION ALL SELECT * FROM g) u
-        ), b AS (
-            SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
-        ), f1 AS (
-            SELECT f.vt, f.msg_id FROM f ORDER BY f.vt, f.msg_id LIMIT 1
-        )
-        SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
-               EXISTS (SELECT 1 FROM listed),
-               coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
-               coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
-               coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
-          INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
+        IF NOT q.has_groups AND conditional IS NULL AND NOT v_any_listed THEN
+            -- The common round: a queue without groups, nothing listed, no
+            -- filter. The lanes alone, in one statement of few plan nodes
+            -- (starting the executor on the full statement below was the
+            -- largest part of a one-message read). n ranks the rows of both
+            -- lanes by (vt, msg_id), as the batch is chosen; the lanes are
+            -- disjoint, so no row comes twice.
+            SELECT (array_agg(u.vt ORDER BY u.n) FILTER (WHERE u.fresh))[1],
+                   (array_agg(u.msg_id ORDER BY u.n) FILTER (WHERE u.fresh))[1],
+                   min(u.vt) FILTER (WHERE NOT u.fresh), false,
+                   coalesce(array_agg(u.msg_id) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids
+              FROM (SELECT x.*, row_number() OVER (ORDER BY x.vt, x.msg_id) AS n
+                      FROM (SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, true AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+                                AND m.group_key IS NULL
+                                AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                              ORDER BY m.vt, m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) f
+                            UNION ALL
+                            SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, false AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+                                AND m.group_key IS NULL
+                                AND m.vt >= v_lo_t AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                              ORDER BY m.vt, m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) t) x) u;
+        ELSE
+            WITH RECURSIVE f AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                   AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.vt, m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), t AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+                   AND m.vt >= v_lo_t AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.vt, m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), gk AS (
+                -- the queue's groups, one index probe each (a skip scan)
+                (SELECT m.group_key FROM pgqueue.message m
+                  WHERE q.has_groups AND m.queue_id = q.queue_id AND m.group_key IS NOT NULL
+                  ORDER BY m.group_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT m.group_key FROM pgqueue.message m
+                         WHERE m.queue_id = q.queue_id AND m.group_key > gk.group_key
+                         ORDER BY m.group_key LIMIT 1)
+                  FROM gk WHERE gk.group_key IS NOT NULL
+            ), heads AS MATERIALIZED (
+                -- each group's head, when visible: the candidates, earliest first
+                SELECT hd.msg_id, hd.vt FROM gk
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.group_key = gk.group_key
+                        ORDER BY m.group_key, m.msg_id LIMIT 1) hd
+                 WHERE gk.group_key IS NOT NULL AND hd.vt <= v_now AND hd.msg_id <> ALL (v_handed)
+                 ORDER BY hd.vt, hd.msg_id
+            ), g AS (
+                -- locked one by one in that order, until enough are (LIMIT stops
+                -- the nested loop: no head past those is locked)
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM heads h
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
+                          AND (conditional IS NULL OR m.message @> conditional)
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) x
+                 LIMIT v_left
+            ), listed AS (
+                SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
+            ), l AS (
+                -- From the listings to the messages, one probe by primary key each
+                -- (LATERAL with LIMIT: the planner cannot turn it into a scan of
+                -- the queue's messages joined to the listings).
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM listed r
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
+                          AND (conditional IS NULL OR m.message @> conditional)
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) x
+                 ORDER BY x.vt, x.msg_id
+                 LIMIT v_left
+            ), c AS (
+                SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
+                  FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l
+                        UNION ALL SELECT * FROM g) u
+            ), b AS (
+                SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
+            ), f1 AS (
+                SELECT f.vt, f.msg_id FROM f ORDER BY f.vt, f.msg_id LIMIT 1
+            )
+            SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
+                   EXISTS (SELECT 1 FROM listed),
+                   coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
+        END IF;
         -- the first row locked in each lane over all rounds
         IF v_round_f IS NOT NULL AND (v_locked_f IS NULL OR (v_round_f, v_round_f_id) < (v_locked_f, v_locked_f_id)) THEN
             v_locked_f := v_round_f;

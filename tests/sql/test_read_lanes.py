@@ -483,3 +483,26 @@ def test_a_message_deleted_and_read_past_in_a_rolled_back_transaction_is_read_at
             got = conn.execute("SELECT msg_id FROM pgqueue.read('q', 30, 1)").fetchall()
             assert got == [(msg_id,)]
             conn.execute("SELECT pgqueue.delete('q', %s)", (msg_id,))
+
+
+def test_a_queue_lists_its_lane_sequences_and_a_read_without_the_list_finds_them_by_name(
+    sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    """queue.lane_seqs names the seven sequences in order; a row without it reads by name."""
+    names = ["fast_f", "fast_f_id", "fast_t", "safe_f", "safe_t", "sweep", "server"]
+    row = sql.execute(
+        "SELECT lane_seqs::text[] FROM pgqueue.queue WHERE queue_id = %s", (lanes,)
+    ).fetchone()
+    assert row is not None
+    assert row[0] == [f"pgqueue.lane_{lanes}_{w}" for w in names]
+
+    sql.execute("UPDATE pgqueue.queue SET lane_seqs = NULL WHERE queue_id = %s", (lanes,))
+    sent = sql.execute("SELECT pgqueue.send(%s, '{\"n\": 1}')", (QUEUE,)).fetchone()
+    assert sent is not None
+    sent_vt = epoch(sql, sent[0])
+    time.sleep(0.1)  # older than the fresh lane's margin: the read moves the fast floor to it
+    got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
+    assert got == [(sent[0],)]
+    assert floor(sql, lanes, "fast_f") == pytest.approx(sent_vt, abs=1e-5)
+    row = sql.execute(f"SELECT last_value FROM pgqueue.lane_{lanes}_fast_f_id").fetchone()
+    assert row == (sent[0],)
