@@ -6,6 +6,7 @@ benchmarks from rotting and checks that they measure what they say.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,26 @@ def test_the_dashboard_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:
     for page in ("overview (warm snapshot)", "poison, 10 pages deep", "barrier, 2 pending"):
         assert f"| {page}" in text, page
     assert text.count("\n|") >= 20  # every page measured
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="needs valgrind (apt-get install valgrind)"
+)
+def test_the_instruction_count_benchmark_counts_both_systems(tmp_path: Path) -> None:
+    pytest.importorskip("pgmq", reason="the peers come with pip install -e '.[bench]'")
+    out = tmp_path / "instructions.md"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.pgmq_instructions", "--calls", "pop", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| pop |"))
+    real, facade, ratio = (cell.strip() for cell in row.strip("|").split("|")[1:])
+    # a pop is some hundreds of thousands of instructions on either side
+    assert 100 <= float(real.rstrip("k").replace(",", "")) <= 5000, row
+    assert 100 <= float(facade.rstrip("k").replace(",", "")) <= 5000, row
+    assert float(ratio) > 0, row

@@ -1,0 +1,269 @@
+"""Server instructions per call of PGMQ's client: real PGMQ beside pgqueue's pgmq facade.
+
+Counts, not seconds, so a busy machine gives the same figures: a private
+PostgreSQL cluster (initdb; fsync and autovacuum off) runs under valgrind's
+callgrind with every backend traced. Each system gets a database installed as
+benchmarks/pgmq_facade.py installs it, with a queue of 1,000 messages, while
+the cluster runs normally; then the cluster restarts under callgrind. For each
+call, one connection makes 20 + 30 calls and another 20 + 130, each in a
+transaction of its own as PGMQ's client makes them, with the client's own SQL
+(`pgmq._sql`); the difference of the two backends' totals over 100 is one
+call's instructions, with start-up, warm-up and exit cancelled out.
+
+What it leaves out: the client (the same in both columns), the network, and
+the time a commit waits for its WAL flush (fsync is off: a flush is the same
+in both columns).
+
+    python -m benchmarks.pgmq_instructions            # the table, into results/
+    python -m benchmarks.pgmq_instructions --calls pop --out /tmp/x.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from benchmarks import pgmq_facade as side
+from benchmarks.common import RESULTS
+from benchmarks.server import _as_postgres, _bindir, _free_port
+
+WARMUP = 20
+SHORT, LONG = 30, 130
+
+
+def _calls() -> dict[str, Callable[[psycopg.Connection[Any]], None]]:
+    """One call of each measured kind, as PGMQ's client sends it, committed."""
+    from pgmq import _sql  # type: ignore[import-untyped,unused-ignore]
+    from psycopg.types.json import Jsonb
+
+    def ack(sql: str) -> Callable[[psycopg.Connection[Any]], None]:
+        def call(conn: psycopg.Connection[Any]) -> None:
+            rows = conn.execute(_sql.READ, (side.QUEUE, 30, 1)).fetchall()
+            conn.commit()
+            conn.execute(sql, (side.QUEUE, rows[0][0])).fetchall()
+            conn.commit()
+
+        return call
+
+    def pop(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(_sql.POP, (side.QUEUE, 1)).fetchall()
+        conn.commit()
+
+    def read(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(_sql.READ, (side.QUEUE, 30, 1)).fetchall()
+        conn.commit()
+
+    def send(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(_sql.SEND, (side.QUEUE, Jsonb(side.MESSAGE))).fetchall()
+        conn.commit()
+
+    return {
+        "send": send,
+        "read": read,
+        "read + delete": ack(_sql.DELETE),
+        "read + archive": ack(_sql.ARCHIVE),
+        "pop": pop,
+    }
+
+
+class Traced:
+    """The private cluster, started plainly or under callgrind."""
+
+    def __init__(self) -> None:
+        self.bindir = _bindir()
+        self.root = tempfile.mkdtemp(prefix="pgqueue-bench-cg-")
+        self.data = os.path.join(self.root, "data")
+        self.dumps = os.path.join(self.root, "dumps")
+        os.makedirs(self.dumps)
+        if os.geteuid() == 0:
+            for path in (self.root, self.dumps):
+                shutil.chown(path, "postgres", "postgres")
+        self.port = _free_port()
+        self.server = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.proc: subprocess.Popen[bytes] | None = None
+        subprocess.run(
+            _as_postgres(
+                [f"{self.bindir}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres"]
+            ),
+            check=True,
+            capture_output=True,
+        )
+
+    def _args(self) -> list[str]:
+        return [
+            f"{self.bindir}/postgres",
+            "-D",
+            self.data,
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"port={self.port}",
+            "-c",
+            f"unix_socket_directories={self.root}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "autovacuum=off",
+        ]
+
+    def start(self, traced: bool) -> None:
+        """Start the server (under callgrind when traced) and wait until it answers."""
+        cmd = self._args()
+        if traced:
+            cmd = [
+                "valgrind",
+                "--tool=callgrind",
+                "--trace-children=yes",
+                f"--callgrind-out-file={self.dumps}/cg.%p",
+                *cmd,
+            ]
+        with open(os.path.join(self.root, "log"), "ab") as log:
+            self.proc = subprocess.Popen(_as_postgres(cmd), stdout=log, stderr=log)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                psycopg.connect(self.server, connect_timeout=5).close()
+                return
+            except psycopg.OperationalError as exc:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the private server did not start: see {self.root}/log"
+                    ) from exc
+                time.sleep(1)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and wait for it."""
+        subprocess.run(
+            _as_postgres([f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"]),
+            capture_output=True,
+        )
+        if self.proc is not None:
+            self.proc.wait(120)
+            self.proc = None
+
+    def dsn(self, db: str) -> str:
+        """A DSN of one of its databases."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={db}"
+
+    def backend_total(self, pid: int) -> int:
+        """The instructions a backend ran, from the dump callgrind writes when it exits."""
+        path = f"{self.dumps}/cg.{pid}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if os.path.exists(path):
+                with open(path) as dump:
+                    text = dump.read()
+                found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+                if found:
+                    return int(found.group(1))
+            time.sleep(0.5)
+        raise RuntimeError(f"no callgrind dump for backend {pid}")
+
+    def remove(self) -> None:
+        """Stop the server and remove the cluster."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def measure(names: list[str], log: Callable[[str], None]) -> dict[tuple[str, str], float]:
+    """Instructions per call, for each (call, system)."""
+    calls = _calls()
+    cluster = Traced()
+    out: dict[tuple[str, str], float] = {}
+    try:
+        cluster.start(traced=False)
+        with psycopg.connect(cluster.server, autocommit=True) as admin:
+            for name in names:
+                for system in side.SYSTEMS:
+                    db = f"cg_{system}_{names.index(name)}"
+                    admin.execute(f"CREATE DATABASE {db}")
+                    side.INSTALL[system](cluster.dsn(db))
+                    side.prepare_queue(cluster.dsn(db), 1000)
+        cluster.stop()
+        cluster.start(traced=True)
+        for name in names:
+            for system in side.SYSTEMS:
+                db = f"cg_{system}_{names.index(name)}"
+                totals = []
+                for n in (SHORT, LONG):
+                    conn = psycopg.connect(cluster.dsn(db))
+                    pid = conn.info.backend_pid
+                    for _ in range(WARMUP + n):
+                        calls[name](conn)
+                    conn.close()
+                    totals.append(cluster.backend_total(pid))
+                out[(name, system)] = (totals[1] - totals[0]) / (LONG - SHORT)
+                log(f"  {name} | {side.LABELS[system]}: {out[(name, system)] / 1000:,.1f}k")
+    finally:
+        cluster.remove()
+    return out
+
+
+def table(names: list[str], counts: dict[tuple[str, str], float]) -> list[str]:
+    """The markdown table: thousands of instructions per call, and the ratio."""
+    rows = [
+        "| call | real PGMQ | pgqueue facade | facade/real |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        real, facade = counts[(name, "real")], counts[(name, "facade")]
+        ratio = facade / real
+        rows.append(f"| {name} | {real / 1000:,.0f}k | {facade / 1000:,.0f}k | {ratio:.2f} |")
+    return rows
+
+
+def main() -> None:
+    """Measure and print the table; write it to results/pgmq_instructions.md (or --out)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", default=",".join(_calls()), help="comma list of calls to measure")
+    ap.add_argument("--out", default=str(RESULTS / "pgmq_instructions.md"), help="results file")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed: apt-get install valgrind")
+    known = list(_calls())
+    names = [c.strip() for c in args.calls.split(",") if c.strip()]
+    unknown = [c for c in names if c not in known]
+    if unknown:
+        sys.exit(f"unknown call {unknown[0]!r}: choose from {', '.join(known)}")
+    command = " ".join(["python -m benchmarks.pgmq_instructions", *sys.argv[1:]])
+    began = time.monotonic()
+    counts = measure(names, lambda s: print(s, file=sys.stderr, flush=True))
+    version = side._version("pgmq")
+    text = "\n".join(
+        [
+            "# Server instructions per call: PGMQ's client on real PGMQ and on the facade",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"PyPI `pgmq` {version}; {_server_version()}; valgrind's callgrind, every backend"
+            f" traced; per call: (total of {WARMUP}+{LONG} calls - total of {WARMUP}+{SHORT})"
+            f" / {LONG - SHORT}, each call committed; fsync off. Thousands of instructions"
+            " (lower is better; facade/real <= 1.00: the facade does no more work).",
+            "",
+            *table(names, counts),
+            "",
+            f"Took {time.monotonic() - began:,.0f} s.",
+        ]
+    )
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text + "\n")
+
+
+def _server_version() -> str:
+    done = subprocess.run([f"{_bindir()}/postgres", "--version"], capture_output=True, text=True)
+    return done.stdout.strip() or "PostgreSQL"
+
+
+if __name__ == "__main__":
+    main()
