@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +34,8 @@ from typing import Any
 import psycopg
 
 from benchmarks import pgmq_facade as side
-from benchmarks.common import RESULTS
-from benchmarks.server import _as_postgres, _bindir, _free_port
+from benchmarks.common import RESULTS, with_db
+from benchmarks.server import _as_postgres, _bindir, init_cluster
 
 WARMUP = 20
 SHORT, LONG = 30, 130
@@ -77,57 +77,34 @@ def _calls() -> dict[str, Callable[[psycopg.Connection[Any]], None]]:
 
 
 class Traced:
-    """The private cluster, started plainly or under callgrind."""
+    """A private cluster (benchmarks.server), started plainly or under callgrind."""
 
     def __init__(self) -> None:
-        self.bindir = _bindir()
-        self.root = tempfile.mkdtemp(prefix="pgqueue-bench-cg-")
-        self.data = os.path.join(self.root, "data")
-        self.dumps = os.path.join(self.root, "dumps")
+        self.cluster = init_cluster({"fsync": "off", "autovacuum": "off"})
+        self.dumps = os.path.join(self.cluster.root, "dumps")
         os.makedirs(self.dumps)
         if os.geteuid() == 0:
-            for path in (self.root, self.dumps):
-                shutil.chown(path, "postgres", "postgres")
-        self.port = _free_port()
-        self.server = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+            shutil.chown(self.dumps, "postgres", "postgres")
+        self.server = self.cluster.dsn
         self.proc: subprocess.Popen[bytes] | None = None
-        subprocess.run(
-            _as_postgres(
-                [f"{self.bindir}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres"]
-            ),
-            check=True,
-            capture_output=True,
-        )
-
-    def _args(self) -> list[str]:
-        return [
-            f"{self.bindir}/postgres",
-            "-D",
-            self.data,
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            f"port={self.port}",
-            "-c",
-            f"unix_socket_directories={self.root}",
-            "-c",
-            "fsync=off",
-            "-c",
-            "autovacuum=off",
-        ]
 
     def start(self, traced: bool) -> None:
-        """Start the server (under callgrind when traced) and wait until it answers."""
-        cmd = self._args()
-        if traced:
-            cmd = [
-                "valgrind",
-                "--tool=callgrind",
-                "--trace-children=yes",
-                f"--callgrind-out-file={self.dumps}/cg.%p",
-                *cmd,
-            ]
-        with open(os.path.join(self.root, "log"), "ab") as log:
+        """Start the server (under callgrind, every backend traced) and wait until it answers."""
+        if not traced:
+            self.cluster.start()
+            return
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--trace-children=yes",
+            f"--callgrind-out-file={self.dumps}/cg.%p",
+            f"{self.cluster.bindir}/postgres",
+            "-D",
+            self.cluster.data,
+            *shlex.split(self.cluster.options),
+        ]
+        log_path = os.path.join(self.cluster.root, "log")
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(_as_postgres(cmd), stdout=log, stderr=log)
         deadline = time.monotonic() + 300
         while True:
@@ -136,24 +113,19 @@ class Traced:
                 return
             except psycopg.OperationalError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the private server did not start: see {self.root}/log"
-                    ) from exc
+                    raise RuntimeError(f"the private server did not start: see {log_path}") from exc
                 time.sleep(1)
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and wait for it."""
-        subprocess.run(
-            _as_postgres([f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"]),
-            capture_output=True,
-        )
+        self.cluster.stop()
         if self.proc is not None:
             self.proc.wait(120)
             self.proc = None
 
     def dsn(self, db: str) -> str:
         """A DSN of one of its databases."""
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={db}"
+        return with_db(self.server, db)
 
     def backend_total(self, pid: int) -> int:
         """The instructions a backend ran, from the dump callgrind writes when it exits."""
@@ -172,7 +144,7 @@ class Traced:
     def remove(self) -> None:
         """Stop the server and remove the cluster."""
         self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.cluster.root, ignore_errors=True)
 
 
 def measure(names: list[str], log: Callable[[str], None]) -> dict[tuple[str, str], float]:

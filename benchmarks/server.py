@@ -74,9 +74,8 @@ class Cluster:
         self.start()
 
 
-@contextmanager
-def private_cluster(settings: dict[str, str] | None = None) -> Iterator[Cluster]:
-    """A stock Postgres cluster on 127.0.0.1 (trust auth, database `postgres`), removed after."""
+def init_cluster(settings: dict[str, str] | None = None) -> Cluster:
+    """A new stock cluster (initdb, trust auth) on a free port of 127.0.0.1, not started."""
     bindir = _bindir()
     root = tempfile.mkdtemp(prefix="pgqueue-bench-pg-")
     data = os.path.join(root, "data")
@@ -91,13 +90,19 @@ def private_cluster(settings: dict[str, str] | None = None) -> Iterator[Cluster]
     options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
     for name, value in (settings or {}).items():
         options += f" -c {name}={value}"
-    cluster = Cluster(bindir, root, data, options, port)
+    return Cluster(bindir, root, data, options, port)
+
+
+@contextmanager
+def private_cluster(settings: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A stock Postgres cluster on 127.0.0.1 (trust auth, database `postgres`), removed after."""
+    cluster = init_cluster(settings)
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @contextmanager

@@ -826,13 +826,13 @@ BEGIN
     -- theirs, and the batch is the first of them all in that order.
     LOOP
         v_now := clock_timestamp();
-        IF NOT q.has_groups AND conditional IS NULL AND NOT v_any_listed THEN
-            -- The common round: a queue without groups, nothing listed, no
-            -- filter. The lanes alone, in one statement of few plan nodes
-            -- (starting the executor on the full statement below was the
-            -- largest part of a one-message read). n ranks the rows of both
-            -- lanes by (vt, msg_id), as the batch is chosen; the lanes are
-            -- disjoint, so no row comes twice.
+        IF NOT q.has_groups AND NOT v_any_listed THEN
+            -- The common round: a queue without groups, nothing listed. The
+            -- lanes alone, in one statement of few plan nodes (starting the
+            -- executor on the full statement below was the largest part of a
+            -- one-message read). n ranks the rows of both lanes by (vt,
+            -- msg_id), as the batch is chosen; the lanes are disjoint, so no
+            -- row comes twice.
             SELECT (array_agg(u.vt ORDER BY u.n) FILTER (WHERE u.fresh))[1],
                    (array_agg(u.msg_id ORDER BY u.n) FILTER (WHERE u.fresh))[1],
                    min(u.vt) FILTER (WHERE NOT u.fresh), false,
@@ -846,6 +846,7 @@ BEGIN
                                 AND m.group_key IS NULL
                                 AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
                                 AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
                               ORDER BY m.vt, m.msg_id
                               LIMIT v_left
                                 FOR UPDATE SKIP LOCKED) f
@@ -855,6 +856,7 @@ BEGIN
                                 AND m.group_key IS NULL
                                 AND m.vt >= v_lo_t AND m.vt <= v_now
                                 AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
                               ORDER BY m.vt, m.msg_id
                               LIMIT v_left
                                 FOR UPDATE SKIP LOCKED) t) x) u;
