@@ -10,6 +10,11 @@ queue's waiters with the payload 'resumed', and the reader reads it again at
 once. The registry's heartbeat reports every queue's flag as well. Each
 change, whichever of them saw it first, is logged once: `queue.paused`,
 `queue.resumed`.
+
+What is older than the latest change of a queue is ignored: a heartbeat
+whose query began before it, and the PGQ11 notice of a read begun before a
+resume. Either would otherwise pause a resumed queue again for a whole
+poll interval (tests/worker/test_worker_duties.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Pauses:
         # PGQ11 notices by queue: a read that met none while the queue was
         # thought paused proves it runs again.
         self._notices: dict[str, int] = dict.fromkeys(queues, 0)
+        self._changed_at: dict[str, float] = {}  # queue -> its latest change seen
+        self._read_began: dict[str, float] = {}  # queue -> when its latest read began
 
     def paused(self, queue: str) -> bool:
         """The queue is thought paused."""
@@ -42,13 +49,14 @@ class Pauses:
 
     def before_read(self, queue: str) -> int | None:
         """None: skip the queue, paused and not due for a probe; else the token for after_read."""
+        now = self.clock.now()
         with self._lock:
             due = self._next_probe.get(queue)
             if due is not None:
-                now = self.clock.now()
                 if now < due:
                     return None
                 self._next_probe[queue] = now + self.poll_interval  # this read is the probe
+            self._read_began[queue] = now
             return self._notices.get(queue, 0)
 
     def after_read(self, queue: str, token: int) -> None:
@@ -62,26 +70,33 @@ class Pauses:
 
     def read_paused(self, queue: str) -> None:
         """A read found the queue paused (the client's PGQ11 observer); other queues are ignored."""
+        now = self.clock.now()
         with self._lock:
             if queue not in self._notices:
                 return
             self._notices[queue] += 1
+            if self._changed_at.get(queue, float("-inf")) > self._read_began.get(queue, now):
+                return  # the read began before a resume: its notice is older
             changed = queue not in self._next_probe
-            self._next_probe[queue] = self.clock.now() + self.poll_interval
+            self._next_probe[queue] = now + self.poll_interval
+            self._changed_at[queue] = now
         if changed:
             self.log.warning("queue.paused", queue=queue)
 
     def resumed(self, queue: str) -> None:
         """The queue was resumed (its notification said so): read it at once."""
-        self.update({queue: False})
+        self.update({queue: False}, as_of=self.clock.now())
 
-    def update(self, flags: Mapping[str, bool]) -> None:
-        """What a heartbeat reported, by queue: paused or not."""
+    def update(self, flags: Mapping[str, bool], as_of: float) -> None:
+        """The flags, by queue, as they stood at `as_of` (a heartbeat's start): paused or not."""
         now = self.clock.now()
         changes = []
         with self._lock:
             for queue, paused in flags.items():
-                if queue not in self._notices or paused == (queue in self._next_probe):
+                if queue not in self._notices or self._changed_at.get(queue, float("-inf")) > as_of:
+                    continue
+                self._changed_at[queue] = as_of
+                if paused == (queue in self._next_probe):
                     continue
                 if paused:
                     self._next_probe[queue] = now + self.poll_interval

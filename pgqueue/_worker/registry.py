@@ -111,6 +111,7 @@ class Registry:
         s = self.settings
         self._next = self.clock.now() + s.registry_interval
         taken = self.tally.take()
+        asked = self.clock.now()  # the flags are as of this, or later
         try:
             flags = self.db.heartbeat(
                 self.worker_id,
@@ -126,7 +127,7 @@ class Registry:
             self.tally.put_back(taken)
             self.log.warning("registry.heartbeat_failed", error=str(exc).strip())
             return False
-        self.pauses.update(flags)
+        self.pauses.update(flags, as_of=asked)
         return True
 
     def stop(self) -> None:

@@ -301,3 +301,43 @@ def test_the_registry_heartbeats_once_its_interval_has_passed(client: Client, qu
     assert client.list_workers()[0].stopping
     registry.deregister()
     assert client.list_workers() == []
+
+
+def test_a_heartbeat_older_than_a_resume_does_not_pause_the_queue_again() -> None:
+    """Found by CI: a heartbeat that read 'paused' just before a resume, applied after the
+    resume's notification, paused the queue again for a whole poll interval."""
+    clock = ManualClock()
+    pauses = Pauses(["jobs"], 10.0, clock, LOG)
+    pauses.update({"jobs": True}, as_of=clock.now())
+    assert pauses.paused("jobs")
+    asked = clock.now()  # a heartbeat's query begins: the queue is still paused
+    clock.advance(0.1)
+    pauses.resumed("jobs")  # the resume's notification
+    clock.advance(0.1)
+    pauses.update({"jobs": True}, as_of=asked)  # the heartbeat's answer arrives late
+    assert not pauses.paused("jobs")
+    assert pauses.before_read("jobs") is not None
+    # a later heartbeat still pauses it
+    pauses.update({"jobs": True}, as_of=clock.now())
+    assert pauses.paused("jobs")
+
+
+def test_a_paused_notice_of_a_read_begun_before_a_resume_does_not_pause_the_queue_again() -> None:
+    """A probe read in flight when the queue is resumed returns its PGQ11 notice afterwards."""
+    clock = ManualClock()
+    pauses = Pauses(["jobs"], 10.0, clock, LOG)
+    pauses.update({"jobs": True}, as_of=clock.now())
+    clock.advance(10)
+    token = pauses.before_read("jobs")  # the probe begins
+    assert token is not None
+    clock.advance(0.1)
+    pauses.resumed("jobs")
+    clock.advance(0.1)
+    pauses.read_paused("jobs")  # the probe's notice, older than the resume
+    pauses.after_read("jobs", token)
+    assert not pauses.paused("jobs")
+    # a read begun after the resume that meets a notice: paused again
+    token = pauses.before_read("jobs")
+    assert token is not None
+    pauses.read_paused("jobs")
+    assert pauses.paused("jobs")
