@@ -110,15 +110,15 @@ $$;
 
 -- The pgqueue queue a PGMQ name stands for: the name lowercased, as PGMQ's
 -- table names are, when that is a pgqueue name; else one derived from it
--- (the header above). Not checked here: a name never created is an unknown
--- queue (PGQ01) when used.
+-- (the header above; pgqueue's reads fall back to the same mapping). Not
+-- checked here: a name never created is an unknown queue (PGQ01) when used.
+-- The hot calls (read, pop, a one-message delete or archive) look the name
+-- up lowercased first and map it only when that finds no queue: a name that
+-- maps to another is never a pgqueue name, so the two ways agree.
 CREATE FUNCTION pgmq._name(queue_name text) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN lower(queue_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN lower(queue_name)
-                ELSE left(regexp_replace(regexp_replace(lower(queue_name), '[^a-z0-9_]', '_', 'g'),
-                                         '^([0-9])', '_\1'), 39)
-                     || '_' || left(md5(lower(queue_name)), 8) END;
+    SELECT pgqueue._queue_name_for(queue_name);
 $$;
 
 -- Raises 22023 unless a queue may be created by this name: PGMQ's limits (1
@@ -637,7 +637,7 @@ END
 $$;
 
 ------------------------------------------------------------------------------
--- Reading: every read is pgqueue._take, checked and paused as pgqueue.read.
+-- Reading: every read is pgqueue._take_by_name, checked and paused as pgqueue.read.
 ------------------------------------------------------------------------------
 
 -- Leases up to qty visible messages for vt seconds, those whose message
@@ -649,17 +649,12 @@ RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-DECLARE
-    q pgqueue.queue;
 BEGIN
     -- a negative vt is a lease that ends in the past, as in PGMQ (visible at once)
-    PERFORM pgqueue._require_nonnegative('qty', qty);
-    q := pgqueue._queue(pgmq._name(queue_name));
-    IF q.paused_at IS NOT NULL THEN
-        PERFORM pgqueue._notice_paused(q);
-        RETURN;
+    IF qty IS NULL OR qty < 0 THEN
+        PERFORM pgqueue._require_nonnegative('qty', qty);
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false, nullif(conditional, '{}'));
+    RETURN QUERY SELECT * FROM pgqueue._take_by_name(queue_name, vt, qty, false, nullif(conditional, '{}'), true);
 END
 $$;
 
@@ -692,7 +687,7 @@ BEGIN
     v_deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
     LOOP
         IF q.paused_at IS NULL THEN
-            RETURN QUERY SELECT * FROM pgqueue._take(q, vt, qty, false, v_conditional);
+            RETURN QUERY SELECT * FROM pgqueue._take_by_name(q.queue_name, vt, qty, false, v_conditional);
             EXIT WHEN FOUND;
         ELSIF NOT v_told THEN
             PERFORM pgqueue._notice_paused(q);
@@ -714,18 +709,13 @@ RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-DECLARE
-    q pgqueue.queue;
 BEGIN
-    PERFORM pgqueue._require_nonnegative('qty', qty);
-    q := pgqueue._queue(pgmq._name(queue_name));
-    IF q.paused_at IS NOT NULL THEN
-        PERFORM pgqueue._notice_paused(q);
-        RETURN;
+    IF qty IS NULL OR qty < 0 THEN
+        PERFORM pgqueue._require_nonnegative('qty', qty);
     END IF;
     RETURN QUERY
     SELECT t.msg_id, t.read_ct - 1, t.enqueued_at, t.last_read_at, t.vt, t.message, t.headers
-      FROM pgqueue._take(q, 0, qty, true) t;
+      FROM pgqueue._take_by_name(queue_name, 0, qty, true, NULL, true) t;
 END
 $$;
 
@@ -818,7 +808,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN pgqueue.delete(pgmq._name(queue_name), msg_id);
+    RETURN coalesce(pgqueue._remove(lower(queue_name), msg_id, false),
+                    pgqueue.delete(pgmq._name(queue_name), msg_id));
 END
 $$;
 
@@ -836,7 +827,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN pgqueue.archive(pgmq._name(queue_name), msg_id);
+    RETURN coalesce(pgqueue._remove(lower(queue_name), msg_id, true),
+                    pgqueue.archive(pgmq._name(queue_name), msg_id));
 END
 $$;
 

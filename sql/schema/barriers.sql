@@ -807,9 +807,12 @@ BEGIN
 END
 $$;
 
--- The trigger of every delete from the live table: the gone rows that were
--- barrier members, counted by _count_gone. A delete that took no member
--- (nearly all of them) costs one pass over its own rows and no lookup.
+-- The trigger of every delete from the live table, fired for each row that
+-- was a barrier member: the first such row of a statement whose member is
+-- not counted yet counts every member the statement removed, in one
+-- _count_gone (one lock order for the batch); the later ones find theirs
+-- counted, by one probe each. A delete that takes no member (nearly all of
+-- them) fires nothing: the WHEN clause is the whole cost.
 CREATE FUNCTION pgqueue._members_gone() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -817,11 +820,12 @@ DECLARE
     v_queue_ids integer[];
     v_msg_ids bigint[];
 BEGIN
-    SELECT array_agg(g.queue_id), array_agg(g.msg_id)
-      INTO v_queue_ids, v_msg_ids
-      FROM gone g
-     WHERE g.member_of IS NOT NULL;
-    IF v_msg_ids IS NOT NULL THEN
+    IF EXISTS (SELECT 1 FROM pgqueue.barrier_member bm
+                WHERE bm.queue_id = OLD.queue_id AND bm.msg_id = OLD.msg_id AND bm.outcome IS NULL) THEN
+        SELECT array_agg(g.queue_id), array_agg(g.msg_id)
+          INTO v_queue_ids, v_msg_ids
+          FROM gone g
+         WHERE g.member_of IS NOT NULL;
         PERFORM pgqueue._count_gone(v_queue_ids, v_msg_ids);
     END IF;
     RETURN NULL;
@@ -984,7 +988,8 @@ $$;
 CREATE TRIGGER message_members_gone
     AFTER DELETE ON pgqueue.message
     REFERENCING OLD TABLE AS gone
-    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue._members_gone();
+    FOR EACH ROW WHEN (OLD.member_of IS NOT NULL)
+    EXECUTE FUNCTION pgqueue._members_gone();
 
 -- A barrier's members counted by outcome, 'pending' for those without one: a
 -- progress bar's segments. One scan of its primary key's prefix.

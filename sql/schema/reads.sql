@@ -38,24 +38,53 @@ CREATE TABLE pgqueue.recheck (
     PRIMARY KEY (queue_id, msg_id)
 );
 
+-- Removes one message of the named queue, into the archive when archived is
+-- true: true when it was live, false when it was not, NULL when there is no
+-- such queue. One statement finds the queue and the message by its primary
+-- key; the queue's row is looked at again only when no message went.
+CREATE FUNCTION pgqueue._remove(queue_name text, msg_id bigint, archived boolean) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF archived THEN
+        WITH gone AS (
+            DELETE FROM pgqueue.message m
+             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+               AND m.msg_id = _remove.msg_id
+            RETURNING m.*
+        )
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g;
+    ELSE
+        DELETE FROM pgqueue.message m
+         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+           AND m.msg_id = _remove.msg_id;
+    END IF;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name) THEN false END;
+END
+$$;
+
 CREATE FUNCTION pgqueue.delete(queue_name text, msg_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-#variable_conflict use_column
-DECLARE
-    q pgqueue.queue := pgqueue._queue(delete.queue_name);
 BEGIN
-    DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = delete.msg_id;
-    RETURN FOUND;
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false), (pgqueue._queue(queue_name)).queue_id IS NULL);
 END
 $$;
 
 CREATE FUNCTION pgqueue.archive(queue_name text, msg_id bigint) RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT EXISTS (SELECT 1 FROM pgqueue.archive(queue_name, ARRAY[msg_id]));
+BEGIN
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true), (pgqueue._queue(queue_name)).queue_id IS NULL);
+END
 $$;
 
 CREATE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer)
@@ -1077,25 +1106,202 @@ BEGIN
 END
 $$;
 
+-- The queue a name given by a PGMQ client stands for (docs/pgmq.md, "Queue
+-- names"): the name lowercased when that is a pgqueue name, else one made of
+-- it (its characters outside a-z, 0-9 and _ replaced, a digit first
+-- prefixed, cut, and a hash of the whole name added).
+CREATE FUNCTION pgqueue._queue_name_for(pgmq_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN lower(pgmq_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN lower(pgmq_name)
+                ELSE left(regexp_replace(regexp_replace(lower(pgmq_name), '[^a-z0-9_]', '_', 'g'),
+                                         '^([0-9])', '_\1'), 39)
+                     || '_' || left(md5(lower(pgmq_name)), 8) END;
+$$;
+
+-- Hands out up to qty messages of the named queue, as _take does, for every
+-- read, read_with_poll and pop: a paused queue gives no rows and one notice
+-- (PGQ11), an unknown one raises PGQ01. pgmq_name: queue_name is a PGMQ
+-- client's name (looked up lowercased, then as _queue_name_for maps it).
+--
+-- The one-message read. A read of one message (PGMQ's clients read one at a
+-- time) runs here in four statements: the queue's row with its lanes' floors,
+-- the first row of each lane locked, the lease (or the pop's delete) by ctid,
+-- and the fast floors' moves. It runs only when a round of _take would do
+-- exactly that: no group in the queue, nothing listed for a recheck, no sweep
+-- due, the floors set on this server and not above its clock, no filter, and
+-- no write before it in the transaction. Anything else, and a first row whose
+-- attempts ran out, goes to _take, which then finds and does the same (the
+-- rows locked here stay this transaction's). The message handed out is the
+-- one _take's round would hand out: the first of the two lanes' first rows in
+-- (vt, msg_id) order.
+--
+-- Its fast floors move as _take's would, but only once they would move by
+-- more than a millisecond (or, within one vt, past 8 msg_ids): a floor is a
+-- matter of speed, and a read one behind walks at most that many more index
+-- entries, where each move costs a sequence write.
+CREATE FUNCTION pgqueue._take_by_name(queue_name text, vt_seconds integer, qty integer, remove boolean,
+                                      conditional jsonb DEFAULT NULL, pgmq_name boolean DEFAULT false)
+RETURNS SETOF pgqueue.taken_record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_queue_id integer;
+    v_max integer;
+    v_seqs regclass[];
+    v_odd boolean;
+    v_listed boolean;
+    v_start timestamptz;
+    v_start_us bigint;
+    v_fast_f bigint;
+    v_fast_f_id bigint;
+    v_fast_t bigint;
+    v_safe_f bigint;
+    v_safe_t bigint;
+    v_sweep bigint;
+    v_server bigint;
+    v_lo_f timestamptz;
+    v_lo_t timestamptz;
+    v_f_vt timestamptz;
+    v_f_id bigint;
+    v_f_tid tid;
+    v_t_vt timestamptz;
+    v_t_id bigint;
+    v_t_read_ct integer;
+    v_t_tid tid;
+    v_tid tid;
+    v_new_t bigint;
+    v_leased_at timestamptz;
+BEGIN
+    -- The queue's row and its lanes' state, read as _take reads it: the vt of
+    -- the fresh floor before its msg_id (a writer sets the id first).
+    SELECT t.queue_id, t.max_attempts, t.lane_seqs, t.paused_at IS NOT NULL OR t.has_groups,
+           coalesce(pg_sequence_last_value(t.lane_seqs[1]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[2]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[3]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[4]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[5]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[6]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[7]), 0),
+           EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = t.queue_id),
+           clock_timestamp()
+      INTO v_queue_id, v_max, v_seqs, v_odd, v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_sweep,
+           v_server, v_listed, v_start
+      FROM pgqueue.queue t
+     WHERE t.queue_name = CASE WHEN _take_by_name.pgmq_name THEN lower(_take_by_name.queue_name)
+                               ELSE _take_by_name.queue_name END;
+    IF NOT FOUND THEN
+        IF _take_by_name.pgmq_name THEN
+            RETURN QUERY SELECT * FROM pgqueue._take_by_name(pgqueue._queue_name_for(_take_by_name.queue_name),
+                                                             vt_seconds, qty, remove, conditional);
+            RETURN;
+        END IF;
+        PERFORM pgqueue._queue(_take_by_name.queue_name);  -- raises PGQ01
+    END IF;
+    v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
+    IF qty <> 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
+       OR v_start_us < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)
+       OR v_server <> (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
+       OR pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
+        IF q.paused_at IS NOT NULL THEN
+            PERFORM pgqueue._notice_paused(q);
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT * FROM pgqueue._take(q, vt_seconds, qty, remove, conditional);
+        RETURN;
+    END IF;
+
+    -- The first row of each lane, locked; v_start bounds vt, so no scan walks
+    -- the rows a lane holds beyond it (leases running, delays).
+    v_lo_f := pgqueue._us_ts(v_fast_f);
+    v_lo_t := pgqueue._us_ts(v_fast_t);
+    SELECT f.vt, f.msg_id, f.tid, t.vt, t.msg_id, t.read_ct, t.tid
+      INTO v_f_vt, v_f_id, v_f_tid, v_t_vt, v_t_id, v_t_read_ct, v_t_tid
+      FROM (SELECT) AS one
+      LEFT JOIN LATERAL (
+           SELECT m.vt, m.msg_id, m.ctid AS tid FROM pgqueue.message m
+            WHERE m.queue_id = v_queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+              AND (m.vt, m.msg_id) >= (v_lo_f, v_fast_f_id) AND m.vt <= v_start
+            ORDER BY m.vt, m.msg_id
+            LIMIT 1
+              FOR UPDATE SKIP LOCKED) f ON true
+      LEFT JOIN LATERAL (
+           SELECT m.vt, m.msg_id, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+            WHERE m.queue_id = v_queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+              AND m.vt >= v_lo_t AND m.vt <= v_start
+            ORDER BY m.vt, m.msg_id
+            LIMIT 1
+              FOR UPDATE SKIP LOCKED) t ON true;
+    IF v_t_tid IS NULL OR (v_f_vt, v_f_id) < (v_t_vt, v_t_id) THEN
+        v_tid := v_f_tid;
+    ELSIF v_t_read_ct < v_max THEN
+        v_tid := v_t_tid;
+    ELSE
+        -- its attempts ran out: _take poison-drops it and hands out the next
+        SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
+        RETURN QUERY SELECT * FROM pgqueue._take(q, vt_seconds, qty, remove, conditional);
+        RETURN;
+    END IF;
+
+    IF v_tid IS NOT NULL THEN
+        IF remove THEN
+            RETURN QUERY
+            DELETE FROM pgqueue.message m WHERE m.ctid = v_tid
+            RETURNING m.msg_id, m.read_ct + 1, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+        ELSE
+            -- the lease starts now, when the row is ours
+            v_leased_at := clock_timestamp();
+            RETURN QUERY
+            UPDATE pgqueue.message m
+               SET vt = v_leased_at + make_interval(secs => vt_seconds), read_ct = m.read_ct + 1,
+                   last_read_at = v_leased_at
+             WHERE m.ctid = v_tid
+            RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+        END IF;
+    END IF;
+
+    -- The fast floors, as _take moves them (its header), each only once it
+    -- would move by more than a millisecond or, within one vt, 8 msg_ids: the
+    -- fresh floor to the first fresh row locked when that is older than the
+    -- margin, else behind the margin; the timed floor behind the first timed
+    -- row locked and the margin. The id before the vt.
+    IF v_f_vt < v_start - interval '50 milliseconds' THEN
+        IF v_f_vt > v_lo_f + interval '1 millisecond' OR (v_f_vt >= v_lo_f AND v_f_id > v_fast_f_id + 8) THEN
+            PERFORM setval(v_seqs[2], v_f_id), setval(v_seqs[1], pgqueue._ts_us(v_f_vt));
+        END IF;
+    ELSIF v_start_us - 50001 > v_fast_f + 1000
+          AND (v_tid IS NOT NULL OR v_start_us - 50001 > v_fast_f + 1000000) THEN
+        PERFORM setval(v_seqs[1], v_start_us - 50001);
+    END IF;
+    IF v_t_vt < v_start - interval '10 milliseconds' THEN
+        v_new_t := pgqueue._ts_us(v_t_vt) - 1;
+        IF v_new_t > v_fast_t + 1000 THEN
+            PERFORM setval(v_seqs[3], v_new_t);
+        END IF;
+    ELSIF v_start_us - 10001 > v_fast_t + 1000
+          AND (v_tid IS NOT NULL OR v_start_us - 10001 > v_fast_t + 1000000) THEN
+        PERFORM setval(v_seqs[3], v_start_us - 10001);
+    END IF;
+END
+$$;
+
 -- Reads, read_with_poll and pop of a paused queue return no rows, with one
--- NOTICE (_notice_paused), before _take: no lane, floor or lock is touched.
+-- NOTICE (_notice_paused): no lane, floor or lock is touched.
 CREATE FUNCTION pgqueue.read(queue_name text, vt integer, qty integer)
 RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-DECLARE
-    q pgqueue.queue;
 BEGIN
-    PERFORM pgqueue._require_nonnegative('vt', vt);
-    PERFORM pgqueue._require_nonnegative('qty', qty);
-    q := pgqueue._queue(queue_name);
-    IF q.paused_at IS NOT NULL THEN
-        PERFORM pgqueue._notice_paused(q);
-        RETURN;
+    IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
+        PERFORM pgqueue._require_nonnegative('vt', vt);
+        PERFORM pgqueue._require_nonnegative('qty', qty);
     END IF;
     RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
-                   FROM pgqueue._take(q, vt, qty, false) t;
+                   FROM pgqueue._take_by_name(queue_name, vt, qty, false) t;
 END
 $$;
 
@@ -1132,7 +1338,7 @@ BEGIN
             RETURN;
         END IF;
         RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
-                       FROM pgqueue._take(q, vt, qty, false) t;
+                       FROM pgqueue._take_by_name(q.queue_name, vt, qty, false) t;
         EXIT WHEN FOUND OR clock_timestamp() >= v_deadline OR v_had_written
                   OR current_setting('pgqueue.read_poisoned', true) = 'on';
         PERFORM pg_sleep(greatest(poll_interval_ms, 1) / 1000.0);
@@ -1146,17 +1352,12 @@ RETURNS SETOF pgqueue.message_record
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-DECLARE
-    q pgqueue.queue;
 BEGIN
-    PERFORM pgqueue._require_nonnegative('qty', qty);
-    q := pgqueue._queue(queue_name);
-    IF q.paused_at IS NOT NULL THEN
-        PERFORM pgqueue._notice_paused(q);
-        RETURN;
+    IF qty IS NULL OR qty < 0 THEN
+        PERFORM pgqueue._require_nonnegative('qty', qty);
     END IF;
     RETURN QUERY SELECT t.msg_id, t.read_ct, t.enqueued_at, t.vt, t.message, t.headers
-                   FROM pgqueue._take(q, 0, qty, true) t;
+                   FROM pgqueue._take_by_name(queue_name, 0, qty, true) t;
 END
 $$;
 
