@@ -121,3 +121,62 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
     assert executed_buffers(read_plans) < 400
     assert executed_buffers(ack_plans) < 300
     assert executed_buffers(beat_plans) < 300
+
+
+def test_one_message_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
+    dsn: str,
+) -> None:
+    """The one-message path (0025) and the one-statement acks, planned on a tiny table."""
+    read_one = "SELECT msg_id FROM pgqueue.read(%s, 30, 1)"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("needs auto_explain and a superuser to load it")
+        conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
+        conn.execute("SELECT pgqueue.send_batch(%s, array_fill('1'::jsonb, ARRAY[3]))", (QUEUE,))
+        # first calls: the generic plans are made now, on a tiny table
+        (first,) = conn.execute(read_one, (QUEUE,)).fetchone()  # type: ignore[misc]
+        conn.execute("SELECT pgqueue.delete(%s, %s::bigint)", (QUEUE, first))
+        (second,) = conn.execute(read_one, (QUEUE,)).fetchone()  # type: ignore[misc]
+        conn.execute("SELECT pgqueue.archive(%s, %s::bigint)", (QUEUE, second))
+        conn.execute("SELECT * FROM pgqueue.pop(%s)", (QUEUE,))
+        churn(dsn, 30_000)
+        (queue_id,) = conn.execute(
+            "SELECT queue_id FROM pgqueue.queue WHERE queue_name = %s", (QUEUE,)
+        ).fetchone()  # type: ignore[misc]
+        # between two late sweeps, as nearly every read is
+        conn.execute(
+            f"SELECT setval('pgqueue.lane_{queue_id}_sweep',"
+            " pgqueue._ts_us(clock_timestamp() + interval '1 minute'))"
+        )
+        plans: dict[str, list[str]] = {}
+        rows, plans["read"] = explained(conn, read_one, (QUEUE,))
+        (msg_id,) = rows[0]
+        _, plans["delete"] = explained(
+            conn, "SELECT pgqueue.delete(%s, %s::bigint)", (QUEUE, msg_id)
+        )
+        rows, plans["read again"] = explained(conn, read_one, (QUEUE,))
+        (msg_id,) = rows[0]
+        _, plans["archive"] = explained(
+            conn, "SELECT pgqueue.archive(%s, %s::bigint)", (QUEUE, msg_id)
+        )
+        _, plans["pop"] = explained(conn, "SELECT * FROM pgqueue.pop(%s)", (QUEUE,))
+    for name, found in plans.items():
+        assert not any("pgqueue._take(" in p for p in found), f"{name} ran a round of _take"
+        for plan in found:
+            assert "Seq Scan on message" not in plan, plan
+            assert "Bitmap" not in plan or "message" not in plan, plan
+            for cond in re.findall(
+                r"Index Scan using message_pkey.*\n\s+Index Cond: \((.*)\)", plan
+            ):
+                assert "msg_id" in cond and "queue_id" in cond, plan
+        # 30,000 messages' worth of dead index entries and rows sit in the queue
+        assert executed_buffers(found) < 150, f"{name}: {executed_buffers(found)} buffers"
+    for name in ("read", "read again", "pop"):
+        assert any("message_fresh_idx" in p for p in plans[name]), plans[name]
+        assert any("message_timed_idx" in p for p in plans[name]), plans[name]
+    for name in ("read", "read again", "pop"):
+        assert any("Tid Scan on message" in p for p in plans[name]), f"{name}: not by ctid"
+    for name in ("delete", "archive"):
+        assert any("Index Scan using message_pkey" in p for p in plans[name]), plans[name]

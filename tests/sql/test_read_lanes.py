@@ -51,10 +51,15 @@ def epoch(conn: psycopg.Connection[Any], msg_id: int) -> float:
 
 
 class Traffic:
-    """Background sends and read+delete rounds that keep the floors moving."""
+    """Background sends and reads of `qty` messages, each acked, that keep the floors moving.
 
-    def __init__(self, dsn: str, consumers: int = 2) -> None:
+    qty 1 reads take pgqueue._take_by_name's one-message path (0025); larger
+    ones run _take's rounds.
+    """
+
+    def __init__(self, dsn: str, consumers: int = 2, qty: int = 10) -> None:
         self.dsn = dsn
+        self.qty = qty
         self.stop = threading.Event()
         self.got: Counter[int] = Counter()
         self.lock = threading.Lock()
@@ -94,7 +99,7 @@ class Traffic:
                     ids = [
                         r[0]
                         for r in conn.execute(
-                            "SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)
+                            "SELECT msg_id FROM pgqueue.read(%s, 30, %s)", (QUEUE, self.qty)
                         ).fetchall()
                     ]
                     with self.lock:
@@ -123,10 +128,11 @@ def passes_over(sql: psycopg.Connection[Any], queue_id: int, which: str, vt: flo
     wait_until(lambda: floor(sql, queue_id, which) > vt, timeout=20)
 
 
+@pytest.mark.parametrize("qty", [1, 10])
 def test_a_send_committed_late_is_delivered(
-    dsn: str, sql: psycopg.Connection[Any], lanes: int
+    dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
-    with psycopg.connect(dsn) as late, Traffic(dsn) as traffic:
+    with psycopg.connect(dsn) as late, Traffic(dsn, qty=qty) as traffic:
         msg_id, vt = send(late)
         passes_over(sql, lanes, "fast_f", vt)
         time.sleep(1.5)  # a few late sweeps while the send is still open
@@ -136,11 +142,12 @@ def test_a_send_committed_late_is_delivered(
     assert traffic.saw(msg_id) == 1
 
 
+@pytest.mark.parametrize("qty", [1, 10])
 def test_a_send_whose_transaction_was_idle_before_it_is_delivered(
-    dsn: str, sql: psycopg.Connection[Any], lanes: int
+    dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     """An open transaction with no writes yet holds no floor; its later send must be found."""
-    with psycopg.connect(dsn) as late, Traffic(dsn) as traffic:
+    with psycopg.connect(dsn) as late, Traffic(dsn, qty=qty) as traffic:
         late.execute("SELECT 1")  # the transaction begins here, without a transaction id
         began = time.time()
         wait_until(lambda: floor(sql, lanes, "safe_f") > began, timeout=20)
@@ -151,15 +158,16 @@ def test_a_send_whose_transaction_was_idle_before_it_is_delivered(
         wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
 
 
+@pytest.mark.parametrize("qty", [1, 10])
 def test_a_rolled_back_claim_is_delivered_again(
-    dsn: str, sql: psycopg.Connection[Any], lanes: int
+    dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"claimed\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
     vt = epoch(sql, msg_id)
     with psycopg.connect(dsn) as claimer:
         rows = claimer.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
         assert rows == [(msg_id,)]
-        with Traffic(dsn) as traffic:
+        with Traffic(dsn, qty=qty) as traffic:
             passes_over(sql, lanes, "fast_f", vt)
             time.sleep(1.5)
             claimer.rollback()
@@ -170,8 +178,9 @@ def test_a_rolled_back_claim_is_delivered_again(
     assert row == (0,)
 
 
+@pytest.mark.parametrize("qty", [1, 10])
 def test_a_row_skipped_while_an_ack_held_it_is_delivered_when_the_ack_rolls_back(
-    dsn: str, sql: psycopg.Connection[Any], lanes: int
+    dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"held\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
     vt = epoch(sql, msg_id)
@@ -179,7 +188,7 @@ def test_a_row_skipped_while_an_ack_held_it_is_delivered_when_the_ack_rolls_back
         assert acker.execute(
             "SELECT pgqueue.delete(%s, %s::bigint)", (QUEUE, msg_id)
         ).fetchone() == (True,)
-        with Traffic(dsn) as traffic:
+        with Traffic(dsn, qty=qty) as traffic:
             passes_over(sql, lanes, "fast_f", vt)
             time.sleep(1.5)
             assert traffic.saw(msg_id) == 0
@@ -187,14 +196,15 @@ def test_a_row_skipped_while_an_ack_held_it_is_delivered_when_the_ack_rolls_back
             wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
 
 
+@pytest.mark.parametrize("qty", [1, 10])
 def test_a_lease_moved_into_the_past_by_hand_is_found_below_the_floors(
-    sql: psycopg.Connection[Any], lanes: int, dsn: str
+    sql: psycopg.Connection[Any], lanes: int, qty: int, dsn: str
 ) -> None:
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"lease\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
     assert sql.execute("SELECT msg_id FROM pgqueue.read(%s, 3600, 1)", (QUEUE,)).fetchall() == [
         (msg_id,)
     ]
-    with Traffic(dsn) as traffic:
+    with Traffic(dsn, qty=qty) as traffic:
         wait_until(lambda: floor(sql, lanes, "safe_t") > time.time() - 2, timeout=20)
         # far below every floor of the timed lane, where no read looks; the
         # listing is looked at in the same transaction (once committed, the
