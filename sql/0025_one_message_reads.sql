@@ -1,11 +1,12 @@
 -- pgqueue 0025: a one-message read in four statements, one-message acks in
--- one, and a delete trigger that costs nothing unless a barrier member goes.
+-- one, a delete trigger that costs nothing unless a barrier member goes, and
+-- queue names as PGMQ's clients give them.
 --
 -- Measured on a fresh database (benchmarks/pgmq_instructions.py), a
 -- one-message read or pop still spent most of its server time starting the
 -- executor on _take's statements and evaluating its expressions, and a
 -- one-message delete or archive went through two functions and the queue's
--- row twice. Three changes:
+-- row twice. Four changes:
 --
 -- * pgqueue._take_by_name is every read's entry (read, read_with_poll, pop,
 --   and the pgmq facade's): the queue's row and its lanes' state in one
@@ -23,9 +24,12 @@
 --   NULL) over the same transition table: a delete that takes no barrier
 --   member fires no function at all; the first member of a statement counts
 --   all of its members, as the statement trigger did.
---
--- pgqueue._queue_name_for is the name mapping of the pgmq facade (docs/
--- pgmq.md), here so that a read by a PGMQ client's name can fall back to it.
+-- * A name that is not a pgqueue name (capitals, other characters, a digit
+--   first, over 48 characters) stands for the queue a PGMQ client means by it
+--   (_queue_name_for, the pgmq facade's mapping, docs/pgmq.md), in every
+--   function that finds a queue through _queue: such a name could never be a
+--   pgqueue queue's, so nothing it meant before changes but PGQ01. The facade
+--   passes its clients' names as they are.
 --
 -- Every statement can run again over its own result.
 
@@ -42,10 +46,53 @@ AS $$
                      || '_' || left(md5(lower(pgmq_name)), 8) END;
 $$;
 
+-- The queue of that name, or of the name a PGMQ client means by it (a name
+-- that is not a pgqueue name stands for _queue_name_for's: docs/pgmq.md,
+-- "Queue names"); PGQ01 when there is none.
+CREATE OR REPLACE FUNCTION pgqueue._queue(queue_name text) RETURNS pgqueue.queue
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue.queue_name;
+    IF NOT FOUND AND pgqueue._queue_name_for(queue_name) <> queue_name THEN
+        SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = pgqueue._queue_name_for(_queue.queue_name);
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue "%" does not exist', queue_name
+            USING ERRCODE = 'PGQ01',
+                  HINT = 'Create it with pgqueue.create_queue(), or check the name with pgqueue.list_queues().';
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The same, holding a KEY SHARE lock on the queue row until commit: writers
+-- that must not race drop_queue (which locks the row FOR UPDATE) use this, so
+-- either they commit first and the drop sees their rows, or the drop commits
+-- first and they find no queue.
+CREATE OR REPLACE FUNCTION pgqueue._queue_locked(queue_name text) RETURNS pgqueue.queue
+LANGUAGE plpgsql AS $$
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue_locked.queue_name FOR KEY SHARE;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(queue_name);  -- raises PGQ01, or finds the queue a PGMQ name means
+        SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_id = q.queue_id FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RETURN pgqueue._queue(queue_name);  -- dropped meanwhile: raises PGQ01
+        END IF;
+    END IF;
+    RETURN q;
+END
+$$;
+
 -- Hands out up to qty messages of the named queue, as _take does, for every
 -- read, read_with_poll and pop: a paused queue gives no rows and one notice
--- (PGQ11), an unknown one raises PGQ01. pgmq_name: queue_name is a PGMQ
--- client's name (looked up lowercased, then as _queue_name_for maps it).
+-- (PGQ11), an unknown one raises PGQ01. The name is looked up lowercased: a
+-- pgqueue name is its own lowercase, and a name whose lowercase names a queue
+-- stands for that queue (_queue_name_for); any other goes through _queue.
 --
 -- The one-message read. A read of one message (PGMQ's clients read one at a
 -- time) runs here in four statements: the queue's row with its lanes' floors,
@@ -64,7 +111,7 @@ $$;
 -- matter of speed, and a read one behind walks at most that many more index
 -- entries, where each move costs a sequence write.
 CREATE OR REPLACE FUNCTION pgqueue._take_by_name(queue_name text, vt_seconds integer, qty integer, remove boolean,
-                                      conditional jsonb DEFAULT NULL, pgmq_name boolean DEFAULT false)
+                                      conditional jsonb DEFAULT NULL)
 RETURNS SETOF pgqueue.taken_record
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -113,15 +160,12 @@ BEGIN
       INTO v_queue_id, v_max, v_seqs, v_odd, v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_sweep,
            v_server, v_listed, v_start
       FROM pgqueue.queue t
-     WHERE t.queue_name = CASE WHEN _take_by_name.pgmq_name THEN lower(_take_by_name.queue_name)
-                               ELSE _take_by_name.queue_name END;
+     WHERE t.queue_name = lower(_take_by_name.queue_name);
     IF NOT FOUND THEN
-        IF _take_by_name.pgmq_name THEN
-            RETURN QUERY SELECT * FROM pgqueue._take_by_name(pgqueue._queue_name_for(_take_by_name.queue_name),
-                                                             vt_seconds, qty, remove, conditional);
-            RETURN;
-        END IF;
-        PERFORM pgqueue._queue(_take_by_name.queue_name);  -- raises PGQ01
+        -- raises PGQ01, or names the queue a PGMQ client's name stands for
+        q := pgqueue._queue(_take_by_name.queue_name);
+        RETURN QUERY SELECT * FROM pgqueue._take_by_name(q.queue_name, vt_seconds, qty, remove, conditional);
+        RETURN;
     END IF;
     v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
     IF qty <> 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
@@ -284,10 +328,11 @@ BEGIN
 END
 $$;
 
--- Removes one message of the named queue, into the archive when archived is
--- true: true when it was live, false when it was not, NULL when there is no
--- such queue. One statement finds the queue and the message by its primary
--- key; the queue's row is looked at again only when no message went.
+-- Removes one message of the named queue (looked up lowercased, as
+-- _take_by_name does), into the archive when archived is true: true when it
+-- was live, false when it was not, NULL when no queue has that lowercase
+-- name. One statement finds the queue and the message by its primary key; the
+-- queue's row is looked at again only when no message went.
 CREATE OR REPLACE FUNCTION pgqueue._remove(queue_name text, msg_id bigint, archived boolean) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -296,7 +341,8 @@ BEGIN
     IF archived THEN
         WITH gone AS (
             DELETE FROM pgqueue.message m
-             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                                  WHERE q.queue_name = lower(_remove.queue_name))
                AND m.msg_id = _remove.msg_id
             RETURNING m.*
         )
@@ -305,13 +351,15 @@ BEGIN
           FROM gone g;
     ELSE
         DELETE FROM pgqueue.message m
-         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                              WHERE q.queue_name = lower(_remove.queue_name))
            AND m.msg_id = _remove.msg_id;
     END IF;
     IF FOUND THEN
         RETURN true;
     END IF;
-    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name) THEN false END;
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = lower(_remove.queue_name))
+                THEN false END;
 END
 $$;
 
@@ -320,7 +368,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false), (pgqueue._queue(queue_name)).queue_id IS NULL);
+    -- NULL from _remove: no queue of that lowercase name; _queue raises PGQ01
+    -- or finds the one a PGMQ client's name stands for
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false),
+                    pgqueue._remove((pgqueue._queue(queue_name)).queue_name, msg_id, false));
 END
 $$;
 
@@ -329,7 +380,9 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true), (pgqueue._queue(queue_name)).queue_id IS NULL);
+    -- as delete does
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true),
+                    pgqueue._remove((pgqueue._queue(queue_name)).queue_name, msg_id, true));
 END
 $$;
 

@@ -110,11 +110,10 @@ $$;
 
 -- The pgqueue queue a PGMQ name stands for: the name lowercased, as PGMQ's
 -- table names are, when that is a pgqueue name; else one derived from it
--- (the header above; pgqueue's reads fall back to the same mapping). Not
--- checked here: a name never created is an unknown queue (PGQ01) when used.
--- The hot calls (read, pop, a one-message delete or archive) look the name
--- up lowercased first and map it only when that finds no queue: a name that
--- maps to another is never a pgqueue name, so the two ways agree.
+-- (the header above). Not checked here: a name never created is an unknown
+-- queue (PGQ01) when used. pgqueue's own functions map a name that is not a
+-- pgqueue name the same way (pgqueue._queue), so the hot calls (send, read,
+-- pop, a one-message delete or archive) pass PGMQ's name as it is.
 CREATE FUNCTION pgmq._name(queue_name text) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
@@ -506,7 +505,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'));
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'));
 END
 $$;
 
@@ -515,7 +514,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, group_key => headers ->> 'x-pgmq-group');
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, group_key => headers ->> 'x-pgmq-group');
 END
 $$;
 
@@ -524,7 +523,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), delay => greatest(delay, 0));
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), delay => greatest(delay, 0));
 END
 $$;
 
@@ -533,7 +532,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), delay => pgmq._delay_seconds(delay));
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), delay => pgmq._delay_seconds(delay));
 END
 $$;
 
@@ -542,7 +541,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, greatest(delay, 0),
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, greatest(delay, 0),
                              group_key => headers ->> 'x-pgmq-group');
 END
 $$;
@@ -552,7 +551,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(pgmq._name(queue_name), coalesce(msg, 'null'), headers, pgmq._delay_seconds(delay),
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, pgmq._delay_seconds(delay),
                              group_key => headers ->> 'x-pgmq-group');
 END
 $$;
@@ -569,7 +568,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT pgqueue.send_batch(
-               pgmq._name(queue_name),
+               queue_name,
                -- PGMQ stores a NULL body as SQL NULL; here it is JSON null (None to a client)
                ARRAY(SELECT coalesce(m, 'null') FROM unnest(msgs) WITH ORDINALITY AS u (m, i) ORDER BY u.i),
                headers, greatest(delay, 0),
@@ -654,7 +653,7 @@ BEGIN
     IF qty IS NULL OR qty < 0 THEN
         PERFORM pgqueue._require_nonnegative('qty', qty);
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue._take_by_name(queue_name, vt, qty, false, nullif(conditional, '{}'), true);
+    RETURN QUERY SELECT * FROM pgqueue._take_by_name(queue_name, vt, qty, false, nullif(conditional, '{}'));
 END
 $$;
 
@@ -715,7 +714,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT t.msg_id, t.read_ct - 1, t.enqueued_at, t.last_read_at, t.vt, t.message, t.headers
-      FROM pgqueue._take_by_name(queue_name, 0, qty, true, NULL, true) t;
+      FROM pgqueue._take_by_name(queue_name, 0, qty, true) t;
 END
 $$;
 
@@ -808,8 +807,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(lower(queue_name), msg_id, false),
-                    pgqueue.delete(pgmq._name(queue_name), msg_id));
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false), pgqueue.delete(queue_name, msg_id));
 END
 $$;
 
@@ -827,8 +825,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(lower(queue_name), msg_id, true),
-                    pgqueue.archive(pgmq._name(queue_name), msg_id));
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true), pgqueue.archive(queue_name, msg_id));
 END
 $$;
 

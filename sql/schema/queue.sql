@@ -195,12 +195,31 @@ BEGIN
 END
 $$;
 
+-- The queue a name given by a PGMQ client stands for (docs/pgmq.md, "Queue
+-- names"): the name lowercased when that is a pgqueue name, else one made of
+-- it (its characters outside a-z, 0-9 and _ replaced, a digit first
+-- prefixed, cut, and a hash of the whole name added).
+CREATE FUNCTION pgqueue._queue_name_for(pgmq_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN lower(pgmq_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN lower(pgmq_name)
+                ELSE left(regexp_replace(regexp_replace(lower(pgmq_name), '[^a-z0-9_]', '_', 'g'),
+                                         '^([0-9])', '_\1'), 39)
+                     || '_' || left(md5(lower(pgmq_name)), 8) END;
+$$;
+
+-- The queue of that name, or of the name a PGMQ client means by it (a name
+-- that is not a pgqueue name stands for _queue_name_for's: docs/pgmq.md,
+-- "Queue names"); PGQ01 when there is none.
 CREATE FUNCTION pgqueue._queue(queue_name text) RETURNS pgqueue.queue
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q pgqueue.queue;
 BEGIN
     SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue.queue_name;
+    IF NOT FOUND AND pgqueue._queue_name_for(queue_name) <> queue_name THEN
+        SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = pgqueue._queue_name_for(_queue.queue_name);
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist', queue_name
             USING ERRCODE = 'PGQ01',
@@ -221,7 +240,11 @@ DECLARE
 BEGIN
     SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = _queue_locked.queue_name FOR KEY SHARE;
     IF NOT FOUND THEN
-        RETURN pgqueue._queue(queue_name);  -- raises PGQ01
+        q := pgqueue._queue(queue_name);  -- raises PGQ01, or finds the queue a PGMQ name means
+        SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_id = q.queue_id FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RETURN pgqueue._queue(queue_name);  -- dropped meanwhile: raises PGQ01
+        END IF;
     END IF;
     RETURN q;
 END

@@ -38,10 +38,11 @@ CREATE TABLE pgqueue.recheck (
     PRIMARY KEY (queue_id, msg_id)
 );
 
--- Removes one message of the named queue, into the archive when archived is
--- true: true when it was live, false when it was not, NULL when there is no
--- such queue. One statement finds the queue and the message by its primary
--- key; the queue's row is looked at again only when no message went.
+-- Removes one message of the named queue (looked up lowercased, as
+-- _take_by_name does), into the archive when archived is true: true when it
+-- was live, false when it was not, NULL when no queue has that lowercase
+-- name. One statement finds the queue and the message by its primary key; the
+-- queue's row is looked at again only when no message went.
 CREATE FUNCTION pgqueue._remove(queue_name text, msg_id bigint, archived boolean) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -50,7 +51,8 @@ BEGIN
     IF archived THEN
         WITH gone AS (
             DELETE FROM pgqueue.message m
-             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                                  WHERE q.queue_name = lower(_remove.queue_name))
                AND m.msg_id = _remove.msg_id
             RETURNING m.*
         )
@@ -59,13 +61,15 @@ BEGIN
           FROM gone g;
     ELSE
         DELETE FROM pgqueue.message m
-         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name)
+         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                              WHERE q.queue_name = lower(_remove.queue_name))
            AND m.msg_id = _remove.msg_id;
     END IF;
     IF FOUND THEN
         RETURN true;
     END IF;
-    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = _remove.queue_name) THEN false END;
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = lower(_remove.queue_name))
+                THEN false END;
 END
 $$;
 
@@ -74,7 +78,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false), (pgqueue._queue(queue_name)).queue_id IS NULL);
+    -- NULL from _remove: no queue of that lowercase name; _queue raises PGQ01
+    -- or finds the one a PGMQ client's name stands for
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, false),
+                    pgqueue._remove((pgqueue._queue(queue_name)).queue_name, msg_id, false));
 END
 $$;
 
@@ -83,7 +90,9 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true), (pgqueue._queue(queue_name)).queue_id IS NULL);
+    -- as delete does
+    RETURN coalesce(pgqueue._remove(queue_name, msg_id, true),
+                    pgqueue._remove((pgqueue._queue(queue_name)).queue_name, msg_id, true));
 END
 $$;
 
@@ -1106,23 +1115,11 @@ BEGIN
 END
 $$;
 
--- The queue a name given by a PGMQ client stands for (docs/pgmq.md, "Queue
--- names"): the name lowercased when that is a pgqueue name, else one made of
--- it (its characters outside a-z, 0-9 and _ replaced, a digit first
--- prefixed, cut, and a hash of the whole name added).
-CREATE FUNCTION pgqueue._queue_name_for(pgmq_name text) RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT CASE WHEN lower(pgmq_name) ~ '^[a-z_][a-z0-9_]{0,47}$' THEN lower(pgmq_name)
-                ELSE left(regexp_replace(regexp_replace(lower(pgmq_name), '[^a-z0-9_]', '_', 'g'),
-                                         '^([0-9])', '_\1'), 39)
-                     || '_' || left(md5(lower(pgmq_name)), 8) END;
-$$;
-
 -- Hands out up to qty messages of the named queue, as _take does, for every
 -- read, read_with_poll and pop: a paused queue gives no rows and one notice
--- (PGQ11), an unknown one raises PGQ01. pgmq_name: queue_name is a PGMQ
--- client's name (looked up lowercased, then as _queue_name_for maps it).
+-- (PGQ11), an unknown one raises PGQ01. The name is looked up lowercased: a
+-- pgqueue name is its own lowercase, and a name whose lowercase names a queue
+-- stands for that queue (_queue_name_for); any other goes through _queue.
 --
 -- The one-message read. A read of one message (PGMQ's clients read one at a
 -- time) runs here in four statements: the queue's row with its lanes' floors,
@@ -1141,7 +1138,7 @@ $$;
 -- matter of speed, and a read one behind walks at most that many more index
 -- entries, where each move costs a sequence write.
 CREATE FUNCTION pgqueue._take_by_name(queue_name text, vt_seconds integer, qty integer, remove boolean,
-                                      conditional jsonb DEFAULT NULL, pgmq_name boolean DEFAULT false)
+                                      conditional jsonb DEFAULT NULL)
 RETURNS SETOF pgqueue.taken_record
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -1190,15 +1187,12 @@ BEGIN
       INTO v_queue_id, v_max, v_seqs, v_odd, v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_sweep,
            v_server, v_listed, v_start
       FROM pgqueue.queue t
-     WHERE t.queue_name = CASE WHEN _take_by_name.pgmq_name THEN lower(_take_by_name.queue_name)
-                               ELSE _take_by_name.queue_name END;
+     WHERE t.queue_name = lower(_take_by_name.queue_name);
     IF NOT FOUND THEN
-        IF _take_by_name.pgmq_name THEN
-            RETURN QUERY SELECT * FROM pgqueue._take_by_name(pgqueue._queue_name_for(_take_by_name.queue_name),
-                                                             vt_seconds, qty, remove, conditional);
-            RETURN;
-        END IF;
-        PERFORM pgqueue._queue(_take_by_name.queue_name);  -- raises PGQ01
+        -- raises PGQ01, or names the queue a PGMQ client's name stands for
+        q := pgqueue._queue(_take_by_name.queue_name);
+        RETURN QUERY SELECT * FROM pgqueue._take_by_name(q.queue_name, vt_seconds, qty, remove, conditional);
+        RETURN;
     END IF;
     v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
     IF qty <> 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
