@@ -417,4 +417,217 @@ CREATE OR REPLACE TRIGGER message_members_gone
     FOR EACH ROW WHEN (OLD.member_of IS NOT NULL)
     EXECUTE FUNCTION pgqueue._members_gone();
 
+-- send_batch: the checks of headers and group keys run only for the arrays
+-- given, the queue is found without a second function, and every row's vt is
+-- computed once.
+CREATE OR REPLACE FUNCTION pgqueue.send_batch(
+    queue_name text,
+    messages jsonb[],
+    headers jsonb[] DEFAULT NULL,
+    delay integer DEFAULT 0,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL,
+    group_keys text[] DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_now timestamptz;
+    v_vt timestamptz;
+    v_trace jsonb;
+    v_queue_id integer;
+    v_seq regclass;
+BEGIN
+    IF send_batch.traceparent IS NOT NULL THEN
+        v_trace := pgqueue._trace_headers(send_batch.traceparent, send_batch.tracestate);
+    END IF;
+    IF send_batch.messages IS NULL THEN
+        RAISE EXCEPTION 'messages must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF array_position(send_batch.messages, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'messages[%] is NULL', array_position(send_batch.messages, NULL)
+            USING ERRCODE = '22004', HINT = 'Every message must be a JSON value; use ''null''::jsonb for a JSON null.';
+    END IF;
+    IF send_batch.headers IS NOT NULL
+       AND cardinality(send_batch.headers) <> cardinality(send_batch.messages) THEN
+        RAISE EXCEPTION 'headers has % elements but messages has %',
+            cardinality(send_batch.headers), cardinality(send_batch.messages)
+            USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
+    END IF;
+    IF send_batch.group_keys IS NOT NULL
+       AND cardinality(send_batch.group_keys) <> cardinality(send_batch.messages) THEN
+        RAISE EXCEPTION 'group_keys has % elements but messages has %',
+            cardinality(send_batch.group_keys), cardinality(send_batch.messages)
+            USING ERRCODE = '22023', HINT = 'Pass one group key per message (NULL for none), or NULL for no groups.';
+    END IF;
+    IF send_batch.delay IS NULL OR send_batch.delay < 0 THEN
+        PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
+    END IF;
+    -- each check a statement: only for the arrays that were given
+    IF send_batch.headers IS NOT NULL THEN
+        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
+    END IF;
+    IF send_batch.group_keys IS NOT NULL THEN
+        PERFORM pgqueue._require_group_key(k) FROM unnest(send_batch.group_keys) k;
+    END IF;
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = send_batch.queue_name;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(send_batch.queue_name);  -- PGQ01, or the queue a PGMQ name means
+    END IF;
+    IF send_batch.group_keys IS NOT NULL
+       AND EXISTS (SELECT 1 FROM unnest(send_batch.group_keys) k WHERE k IS NOT NULL) THEN
+        PERFORM pgqueue._lock_groups(q, send_batch.group_keys);
+    END IF;
+    v_queue_id := q.queue_id;
+    v_seq := q.msg_seq;
+    v_now := clock_timestamp();
+    v_vt := v_now + make_interval(secs => send_batch.delay);
+
+    RETURN QUERY
+    INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, group_key)
+    SELECT v_queue_id, nextval(v_seq), v_now, v_vt,
+           b.message, CASE WHEN v_trace IS NULL THEN b.headers ELSE coalesce(b.headers, '{}') || v_trace END,
+           b.group_key
+      FROM unnest(send_batch.messages, send_batch.headers, send_batch.group_keys)
+           WITH ORDINALITY AS b (message, headers, group_key, ord)
+     ORDER BY b.ord
+    RETURNING msg_id;
+
+    IF cardinality(send_batch.messages) > 0 THEN
+        IF send_batch.delay = 0 THEN
+            PERFORM pgqueue._notify(q);
+        END IF;
+        IF q.notify_channel IS NOT NULL THEN
+            PERFORM pgqueue._notify_channel(q);
+        END IF;
+    END IF;
+END
+$$;
+
+-- send: the queue's row read for the columns a send needs, the whole row only
+-- for a group's lock or a notify channel.
+CREATE OR REPLACE FUNCTION pgqueue.send(
+    queue_name text,
+    message jsonb,
+    headers jsonb DEFAULT NULL,
+    delay integer DEFAULT 0,
+    dedupe_key text DEFAULT NULL,
+    send_token uuid DEFAULT NULL,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL,
+    group_key text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_queue_id integer;
+    v_seq regclass;
+    v_queue text;
+    v_channel text;
+    v_now timestamptz;
+    v_id bigint;
+    v_token uuid;
+    v_own bigint;
+    v_headers jsonb := send.headers;
+BEGIN
+    IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
+       OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
+       OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200 THEN
+        IF send.message IS NULL THEN
+            RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
+                HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
+        END IF;
+        PERFORM pgqueue._require_nonnegative('delay', send.delay);
+        PERFORM pgqueue._require_headers(send.headers);
+        IF length(send.dedupe_key) > 1000 THEN
+            RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
+                USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
+        END IF;
+        PERFORM pgqueue._require_group_key(send.group_key);
+    END IF;
+    IF send.traceparent IS NOT NULL THEN
+        -- after the caller's headers were checked: only this writes _pg_ keys
+        v_headers := coalesce(v_headers, '{}') || pgqueue._trace_headers(send.traceparent, send.tracestate);
+    END IF;
+    -- the columns a send needs (the whole row only for a group or a channel)
+    SELECT t.queue_id, t.msg_seq, t.queue_name, t.notify_channel INTO v_queue_id, v_seq, v_queue, v_channel
+      FROM pgqueue.queue AS t WHERE t.queue_name = send.queue_name;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(send.queue_name);  -- PGQ01, or the queue a PGMQ name means
+        v_queue_id := q.queue_id;
+        v_seq := q.msg_seq;
+        v_queue := q.queue_name;
+        v_channel := q.notify_channel;
+    END IF;
+    IF send.group_key IS NOT NULL THEN
+        PERFORM pgqueue._lock_groups(x, ARRAY[send.group_key]) FROM pgqueue.queue x WHERE x.queue_id = v_queue_id;
+    END IF;
+    -- after the group's lock: a send that waited for it is stamped when it goes on
+    v_now := clock_timestamp();
+
+    IF send.dedupe_key IS NULL THEN
+        INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token, group_key)
+        VALUES (v_queue_id, nextval(v_seq), v_now, v_now + make_interval(secs => send.delay),
+                send.message, v_headers, send.send_token, send.group_key)
+        RETURNING msg_id INTO v_id;
+    ELSE
+        -- Single flight. The unique index decides; the loop only covers the
+        -- window where the holder of the key is acked between our INSERT
+        -- conflicting and our SELECT looking (each statement sees a new snapshot).
+        FOR attempt IN 1..100 LOOP
+            SELECT m.msg_id, m.send_token INTO v_id, v_token FROM pgqueue.message m
+             WHERE m.queue_id = v_queue_id AND m.dedupe_key = send.dedupe_key;
+            IF FOUND AND (send.send_token IS NULL OR v_token = send.send_token) THEN
+                RETURN v_id;  -- the holder of the key (our own earlier attempt, with a token)
+            END IF;
+            IF send.send_token IS NOT NULL THEN
+                -- Our earlier attempt, if it committed, is either the live
+                -- holder (above) or consumed, with a receipt: the key cannot
+                -- have two live holders, so a holder found above that is not
+                -- ours means ours was consumed before that SELECT, and its
+                -- receipt (committed with the consumption) is visible here.
+                SELECT r.msg_id INTO v_own FROM pgqueue.send_receipt r
+                 WHERE r.send_token = send.send_token AND r.queue_id = v_queue_id;
+                IF FOUND THEN
+                    RETURN v_own;  -- a retry of a send that did commit and was consumed since
+                END IF;
+                IF v_id IS NOT NULL THEN
+                    RETURN v_id;  -- our earlier attempt never committed: single flight
+                END IF;
+            END IF;
+            INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token,
+                                         group_key)
+            VALUES (v_queue_id, nextval(v_seq), v_now, v_now + make_interval(secs => send.delay),
+                    send.message, v_headers, send.dedupe_key, send.send_token, send.group_key)
+            ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+            RETURNING msg_id INTO v_id;
+            EXIT WHEN FOUND;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RAISE EXCEPTION 'could not settle dedupe_key % in queue % (it is being sent and acked continuously)',
+                send.dedupe_key, send.queue_name USING ERRCODE = '55000';
+        END IF;
+        -- Receipts only matter for seconds (a client retry); prune old ones now and then.
+        IF random() < 0.01 THEN
+            DELETE FROM pgqueue.send_receipt WHERE finished_at < v_now - interval '1 day';
+        END IF;
+    END IF;
+
+    -- Wake waiting consumers (see _notify): only when one is waiting.
+    IF send.delay = 0 AND EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = v_queue_id) THEN
+        PERFORM pg_notify(pgqueue._channel(v_queue), '');
+    END IF;
+    IF v_channel IS NOT NULL THEN
+        PERFORM pgqueue._notify_channel(x) FROM pgqueue.queue x WHERE x.queue_id = v_queue_id;
+    END IF;
+    RETURN v_id;
+END
+$$;
+
 SELECT pgqueue.grant_roles();

@@ -556,7 +556,24 @@ BEGIN
 END
 $$;
 
--- One batch, the ids in the order of msgs. PGMQ refuses an empty batch.
+-- PGMQ refuses an empty batch (22023).
+CREATE FUNCTION pgmq._empty_batch() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'msgs must hold at least one message' USING ERRCODE = '22023';
+END
+$$;
+
+-- A batch's bodies as pgqueue stores them: PGMQ stores a NULL body as SQL
+-- NULL; here it is JSON null (None to a client). A NULL batch is an empty one.
+CREATE FUNCTION pgmq._bodies(msgs jsonb[]) RETURNS jsonb[]
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(array_replace(msgs, NULL, 'null'::jsonb), '{}');
+$$;
+
+-- One batch with headers, the ids in the order of msgs: each message's
+-- x-pgmq-group header is its group key.
 CREATE FUNCTION pgmq._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay integer)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
@@ -564,14 +581,11 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
     IF cardinality(msgs) = 0 THEN
-        RAISE EXCEPTION 'msgs must hold at least one message' USING ERRCODE = '22023';
+        PERFORM pgmq._empty_batch();
     END IF;
     RETURN QUERY
-    SELECT pgqueue.send_batch(
-               queue_name,
-               -- PGMQ stores a NULL body as SQL NULL; here it is JSON null (None to a client)
-               ARRAY(SELECT coalesce(m, 'null') FROM unnest(msgs) WITH ORDINALITY AS u (m, i) ORDER BY u.i),
-               headers, greatest(delay, 0),
+    SELECT * FROM pgqueue.send_batch(
+               queue_name, pgmq._bodies(msgs), headers, greatest(delay, 0),
                group_keys => CASE WHEN headers IS NOT NULL THEN
                                  ARRAY(SELECT h ->> 'x-pgmq-group'
                                          FROM unnest(headers) WITH ORDINALITY AS u (h, i) ORDER BY u.i)
@@ -579,12 +593,16 @@ BEGIN
 END
 $$;
 
+-- The batches without headers go to pgqueue.send_batch directly.
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[]) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, 0);
+    IF cardinality(msgs) = 0 THEN
+        PERFORM pgmq._empty_batch();
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs));
 END
 $$;
 
@@ -593,7 +611,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, 0);
+    RETURN QUERY SELECT * FROM pgmq._send_many(queue_name, msgs, headers, 0);
 END
 $$;
 
@@ -602,7 +620,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, delay);
+    IF cardinality(msgs) = 0 THEN
+        PERFORM pgmq._empty_batch();
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, greatest(delay, 0));
 END
 $$;
 
@@ -611,7 +632,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, NULL, pgmq._delay_seconds(delay));
+    IF cardinality(msgs) = 0 THEN
+        PERFORM pgmq._empty_batch();
+    END IF;
+    RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, pgmq._delay_seconds(delay));
 END
 $$;
 
@@ -621,7 +645,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, delay);
+    RETURN QUERY SELECT * FROM pgmq._send_many(queue_name, msgs, headers, delay);
 END
 $$;
 
@@ -631,7 +655,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq._send_many(queue_name, msgs, headers, pgmq._delay_seconds(delay));
+    RETURN QUERY SELECT * FROM pgmq._send_many(queue_name, msgs, headers, pgmq._delay_seconds(delay));
 END
 $$;
 

@@ -479,8 +479,14 @@ AS $$
 DECLARE
     q pgqueue.queue;
     v_now timestamptz;
-    v_trace jsonb := pgqueue._trace_headers(send_batch.traceparent, send_batch.tracestate);
+    v_vt timestamptz;
+    v_trace jsonb;
+    v_queue_id integer;
+    v_seq regclass;
 BEGIN
+    IF send_batch.traceparent IS NOT NULL THEN
+        v_trace := pgqueue._trace_headers(send_batch.traceparent, send_batch.tracestate);
+    END IF;
     IF send_batch.messages IS NULL THEN
         RAISE EXCEPTION 'messages must not be NULL' USING ERRCODE = '22004';
     END IF;
@@ -500,18 +506,32 @@ BEGIN
             cardinality(send_batch.group_keys), cardinality(send_batch.messages)
             USING ERRCODE = '22023', HINT = 'Pass one group key per message (NULL for none), or NULL for no groups.';
     END IF;
-    PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
-    PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
-    PERFORM pgqueue._require_group_key(k) FROM unnest(send_batch.group_keys) k;
-    q := pgqueue._queue(send_batch.queue_name);
-    IF EXISTS (SELECT 1 FROM unnest(send_batch.group_keys) k WHERE k IS NOT NULL) THEN
+    IF send_batch.delay IS NULL OR send_batch.delay < 0 THEN
+        PERFORM pgqueue._require_nonnegative('delay', send_batch.delay);
+    END IF;
+    -- each check a statement: only for the arrays that were given
+    IF send_batch.headers IS NOT NULL THEN
+        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch.headers) h;
+    END IF;
+    IF send_batch.group_keys IS NOT NULL THEN
+        PERFORM pgqueue._require_group_key(k) FROM unnest(send_batch.group_keys) k;
+    END IF;
+    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = send_batch.queue_name;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(send_batch.queue_name);  -- PGQ01, or the queue a PGMQ name means
+    END IF;
+    IF send_batch.group_keys IS NOT NULL
+       AND EXISTS (SELECT 1 FROM unnest(send_batch.group_keys) k WHERE k IS NOT NULL) THEN
         PERFORM pgqueue._lock_groups(q, send_batch.group_keys);
     END IF;
+    v_queue_id := q.queue_id;
+    v_seq := q.msg_seq;
     v_now := clock_timestamp();
+    v_vt := v_now + make_interval(secs => send_batch.delay);
 
     RETURN QUERY
     INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, group_key)
-    SELECT q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send_batch.delay),
+    SELECT v_queue_id, nextval(v_seq), v_now, v_vt,
            b.message, CASE WHEN v_trace IS NULL THEN b.headers ELSE coalesce(b.headers, '{}') || v_trace END,
            b.group_key
       FROM unnest(send_batch.messages, send_batch.headers, send_batch.group_keys)
@@ -764,6 +784,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue;
+    v_queue_id integer;
+    v_seq regclass;
+    v_queue text;
+    v_channel text;
     v_now timestamptz;
     v_id bigint;
     v_token uuid;
@@ -789,19 +813,25 @@ BEGIN
         -- after the caller's headers were checked: only this writes _pg_ keys
         v_headers := coalesce(v_headers, '{}') || pgqueue._trace_headers(send.traceparent, send.tracestate);
     END IF;
-    SELECT * INTO q FROM pgqueue.queue AS t WHERE t.queue_name = send.queue_name;
+    -- the columns a send needs (the whole row only for a group or a channel)
+    SELECT t.queue_id, t.msg_seq, t.queue_name, t.notify_channel INTO v_queue_id, v_seq, v_queue, v_channel
+      FROM pgqueue.queue AS t WHERE t.queue_name = send.queue_name;
     IF NOT FOUND THEN
-        q := pgqueue._queue(send.queue_name);  -- raises "queue ... does not exist"
+        q := pgqueue._queue(send.queue_name);  -- PGQ01, or the queue a PGMQ name means
+        v_queue_id := q.queue_id;
+        v_seq := q.msg_seq;
+        v_queue := q.queue_name;
+        v_channel := q.notify_channel;
     END IF;
     IF send.group_key IS NOT NULL THEN
-        PERFORM pgqueue._lock_groups(q, ARRAY[send.group_key]);
+        PERFORM pgqueue._lock_groups(x, ARRAY[send.group_key]) FROM pgqueue.queue x WHERE x.queue_id = v_queue_id;
     END IF;
     -- after the group's lock: a send that waited for it is stamped when it goes on
     v_now := clock_timestamp();
 
     IF send.dedupe_key IS NULL THEN
         INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, send_token, group_key)
-        VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
+        VALUES (v_queue_id, nextval(v_seq), v_now, v_now + make_interval(secs => send.delay),
                 send.message, v_headers, send.send_token, send.group_key)
         RETURNING msg_id INTO v_id;
     ELSE
@@ -810,7 +840,7 @@ BEGIN
         -- conflicting and our SELECT looking (each statement sees a new snapshot).
         FOR attempt IN 1..100 LOOP
             SELECT m.msg_id, m.send_token INTO v_id, v_token FROM pgqueue.message m
-             WHERE m.queue_id = q.queue_id AND m.dedupe_key = send.dedupe_key;
+             WHERE m.queue_id = v_queue_id AND m.dedupe_key = send.dedupe_key;
             IF FOUND AND (send.send_token IS NULL OR v_token = send.send_token) THEN
                 RETURN v_id;  -- the holder of the key (our own earlier attempt, with a token)
             END IF;
@@ -821,7 +851,7 @@ BEGIN
                 -- ours means ours was consumed before that SELECT, and its
                 -- receipt (committed with the consumption) is visible here.
                 SELECT r.msg_id INTO v_own FROM pgqueue.send_receipt r
-                 WHERE r.send_token = send.send_token AND r.queue_id = q.queue_id;
+                 WHERE r.send_token = send.send_token AND r.queue_id = v_queue_id;
                 IF FOUND THEN
                     RETURN v_own;  -- a retry of a send that did commit and was consumed since
                 END IF;
@@ -831,7 +861,7 @@ BEGIN
             END IF;
             INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, dedupe_key, send_token,
                                          group_key)
-            VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now + make_interval(secs => send.delay),
+            VALUES (v_queue_id, nextval(v_seq), v_now, v_now + make_interval(secs => send.delay),
                     send.message, v_headers, send.dedupe_key, send.send_token, send.group_key)
             ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
             RETURNING msg_id INTO v_id;
@@ -848,11 +878,11 @@ BEGIN
     END IF;
 
     -- Wake waiting consumers (see _notify): only when one is waiting.
-    IF send.delay = 0 AND EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
-        PERFORM pg_notify(pgqueue._channel(q.queue_name), '');
+    IF send.delay = 0 AND EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = v_queue_id) THEN
+        PERFORM pg_notify(pgqueue._channel(v_queue), '');
     END IF;
-    IF q.notify_channel IS NOT NULL THEN
-        PERFORM pgqueue._notify_channel(q);
+    IF v_channel IS NOT NULL THEN
+        PERFORM pgqueue._notify_channel(x) FROM pgqueue.queue x WHERE x.queue_id = v_queue_id;
     END IF;
     RETURN v_id;
 END
