@@ -195,10 +195,10 @@ BEGIN
 END
 $$;
 
--- The queue a name given by a PGMQ client stands for (docs/pgmq.md, "Queue
--- names"): the name lowercased when that is a pgqueue name, else one made of
--- it (its characters outside a-z, 0-9 and _ replaced, a digit first
--- prefixed, cut, and a hash of the whole name added).
+-- The queue a name given by a PGMQ client stands for (docs/pgmq.md, "What
+-- is the same, what differs"): the name lowercased when that is a pgqueue
+-- name, else one made of it (its characters outside a-z, 0-9 and _
+-- replaced, a digit first prefixed, cut, and a hash of the whole name added).
 CREATE FUNCTION pgqueue._queue_name_for(pgmq_name text) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
@@ -210,7 +210,7 @@ $$;
 
 -- The queue of that name, or of the name a PGMQ client means by it (a name
 -- that is not a pgqueue name stands for _queue_name_for's: docs/pgmq.md,
--- "Queue names"); PGQ01 when there is none.
+-- "What is the same, what differs"); PGQ01 when there is none.
 CREATE FUNCTION pgqueue._queue(queue_name text) RETURNS pgqueue.queue
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
