@@ -507,7 +507,8 @@ BEGIN
 END
 $$;
 
--- send: the queue's row read for the columns a send needs, the whole row only
+-- send: a send without options checks its arguments in one short condition;
+-- the queue's row is read for the columns a send needs, the whole row only
 -- for a group's lock or a notify channel.
 CREATE OR REPLACE FUNCTION pgqueue.send(
     queue_name text,
@@ -536,20 +537,25 @@ DECLARE
     v_own bigint;
     v_headers jsonb := send.headers;
 BEGIN
+    -- A send without options meets only the first condition: an expression's
+    -- parts cost a call each whether they run or not.
     IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
-       OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
-       OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200 THEN
-        IF send.message IS NULL THEN
-            RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
-                HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
+       OR send.headers IS NOT NULL OR send.dedupe_key IS NOT NULL OR send.group_key IS NOT NULL THEN
+        IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
+           OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
+           OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200 THEN
+            IF send.message IS NULL THEN
+                RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
+                    HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
+            END IF;
+            PERFORM pgqueue._require_nonnegative('delay', send.delay);
+            PERFORM pgqueue._require_headers(send.headers);
+            IF length(send.dedupe_key) > 1000 THEN
+                RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
+                    USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
+            END IF;
+            PERFORM pgqueue._require_group_key(send.group_key);
         END IF;
-        PERFORM pgqueue._require_nonnegative('delay', send.delay);
-        PERFORM pgqueue._require_headers(send.headers);
-        IF length(send.dedupe_key) > 1000 THEN
-            RAISE EXCEPTION 'dedupe_key is % characters; at most 1000', length(send.dedupe_key)
-                USING ERRCODE = '22023', HINT = 'Use a short key, e.g. a hash of the long one.';
-        END IF;
-        PERFORM pgqueue._require_group_key(send.group_key);
     END IF;
     IF send.traceparent IS NOT NULL THEN
         -- after the caller's headers were checked: only this writes _pg_ keys
