@@ -157,11 +157,14 @@ class Traced:
         shutil.rmtree(self.cluster.root, ignore_errors=True)
 
 
-def measure(names: list[str], log: Callable[[str], None]) -> dict[tuple[str, str], float]:
-    """Instructions per call, for each (call, system)."""
+def measure(
+    names: list[str], log: Callable[[str], None]
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Instructions per call, and WAL bytes per call, for each (call, system)."""
     calls = _calls()
     cluster = Traced()
     out: dict[tuple[str, str], float] = {}
+    wal: dict[tuple[str, str], float] = {}
     try:
         cluster.start(traced=False)
         with psycopg.connect(cluster.server, autocommit=True) as admin:
@@ -188,15 +191,50 @@ def measure(names: list[str], log: Callable[[str], None]) -> dict[tuple[str, str
                 for n in (SHORT, LONG):
                     conn = psycopg.connect(cluster.dsn(db))
                     pid = conn.info.backend_pid
-                    for _ in range(WARMUP + n):
+                    for _ in range(WARMUP):
                         calls[name](conn)
+                    # the WAL the long run's calls wrote, read by another backend
+                    before = _wal_lsn(cluster.dsn(db)) if n == LONG else ""
+                    for _ in range(n):
+                        calls[name](conn)
+                    if n == LONG:
+                        wal[(name, system)] = _wal_bytes_since(cluster.dsn(db), before) / n
                     conn.close()
                     totals.append(cluster.backend_total(pid))
                 out[(name, system)] = (totals[1] - totals[0]) / (LONG - SHORT)
                 log(f"  {name} | {side.LABELS[system]}: {out[(name, system)] / 1000:,.1f}k")
     finally:
         cluster.remove()
-    return out
+    return out, wal
+
+
+def _wal_lsn(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _wal_bytes_since(dsn: str, lsn: str) -> float:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (lsn,)
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def wal_table(names: list[str], wal: dict[tuple[str, str], float]) -> list[str]:
+    """The markdown table of WAL bytes per call, and the ratio."""
+    rows = [
+        "| call | real PGMQ | pgqueue facade | facade/real |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        real, facade = wal[(name, "real")], wal[(name, "facade")]
+        ratio = f"{facade / real:.2f}" if real else "-"
+        rows.append(f"| {name} | {real:,.0f} | {facade:,.0f} | {ratio} |")
+    return rows
 
 
 def table(names: list[str], counts: dict[tuple[str, str], float]) -> list[str]:
@@ -227,7 +265,7 @@ def main() -> None:
         sys.exit(f"unknown call {unknown[0]!r}: choose from {', '.join(known)}")
     command = " ".join(["python -m benchmarks.pgmq_instructions", *sys.argv[1:]])
     began = time.monotonic()
-    counts = measure(names, lambda s: print(s, file=sys.stderr, flush=True))
+    counts, wal = measure(names, lambda s: print(s, file=sys.stderr, flush=True))
     version = side._version("pgmq")
     text = "\n".join(
         [
@@ -241,6 +279,11 @@ def main() -> None:
             " (lower is better; facade/real <= 1.00: the facade does no more work).",
             "",
             *table(names, counts),
+            "",
+            "WAL bytes per call, as `pg_current_wal_insert_lsn()` moved over the long run's"
+            " measured calls (the WAL a commit waits to flush; lower is better):",
+            "",
+            *wal_table(names, wal),
             "",
             f"Took {time.monotonic() - began:,.0f} s.",
         ]
