@@ -224,29 +224,18 @@ def _wal_bytes_since(dsn: str, lsn: str) -> float:
     return float(row[0])
 
 
-def wal_table(names: list[str], wal: dict[tuple[str, str], float]) -> list[str]:
-    """The markdown table of WAL bytes per call, and the ratio."""
+def table(
+    names: list[str], values: dict[tuple[str, str], float], cell: Callable[[float], str]
+) -> list[str]:
+    """A markdown table: each call's value on both systems (as `cell` writes it), and the ratio."""
     rows = [
         "| call | real PGMQ | pgqueue facade | facade/real |",
         "|---|---|---|---|",
     ]
     for name in names:
-        real, facade = wal[(name, "real")], wal[(name, "facade")]
+        real, facade = values[(name, "real")], values[(name, "facade")]
         ratio = f"{facade / real:.2f}" if real else "-"
-        rows.append(f"| {name} | {real:,.0f} | {facade:,.0f} | {ratio} |")
-    return rows
-
-
-def table(names: list[str], counts: dict[tuple[str, str], float]) -> list[str]:
-    """The markdown table: thousands of instructions per call, and the ratio."""
-    rows = [
-        "| call | real PGMQ | pgqueue facade | facade/real |",
-        "|---|---|---|---|",
-    ]
-    for name in names:
-        real, facade = counts[(name, "real")], counts[(name, "facade")]
-        ratio = facade / real
-        rows.append(f"| {name} | {real / 1000:,.0f}k | {facade / 1000:,.0f}k | {ratio:.2f} |")
+        rows.append(f"| {name} | {cell(real)} | {cell(facade)} | {ratio} |")
     return rows
 
 
@@ -278,12 +267,12 @@ def main() -> None:
             f" / {LONG - SHORT}, each call committed; fsync off. Thousands of instructions"
             " (lower is better; facade/real <= 1.00: the facade does no more work).",
             "",
-            *table(names, counts),
+            *table(names, counts, lambda v: f"{v / 1000:,.0f}k"),
             "",
             "WAL bytes per call, as `pg_current_wal_insert_lsn()` moved over the long run's"
             " measured calls (the WAL a commit waits to flush; lower is better):",
             "",
-            *wal_table(names, wal),
+            *table(names, wal, lambda v: f"{v:,.0f}"),
             "",
             f"Took {time.monotonic() - began:,.0f} s.",
         ]

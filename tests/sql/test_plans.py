@@ -64,6 +64,14 @@ def explained(
     return rows, [p for p in plans if "plan:" in p]
 
 
+def load_auto_explain(conn: psycopg.Connection[Any]) -> None:
+    """Load auto_explain into the session, or skip the test where the server cannot."""
+    try:
+        conn.execute("LOAD 'auto_explain'")
+    except psycopg.Error:
+        pytest.skip("needs auto_explain and a superuser to load it")
+
+
 def executed_buffers(plans: list[str]) -> int:
     """Buffers the statements inside a call touched while executing, planning left out.
 
@@ -89,10 +97,7 @@ def test_reads_and_acks_find_messages_by_key_on_a_table_never_analyzed(
     dsn: str, server_dsn: str
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("needs auto_explain and a superuser to load it")
+        load_auto_explain(conn)
         conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
         conn.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,))
         # first calls: the generic plans are made now, on a tiny table
@@ -129,10 +134,7 @@ def test_one_message_reads_and_acks_find_messages_by_key_on_a_table_never_analyz
     """The one-message path (0025) and the one-statement acks, planned on a tiny table."""
     read_one = "SELECT msg_id FROM pgqueue.read(%s, 30, 1)"
     with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("needs auto_explain and a superuser to load it")
+        load_auto_explain(conn)
         conn.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
         conn.execute("SELECT pgqueue.send_batch(%s, array_fill('1'::jsonb, ARRAY[3]))", (QUEUE,))
         # first calls: the generic plans are made now, on a tiny table
