@@ -168,7 +168,7 @@ BEGIN
         RETURN;
     END IF;
     v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
-    IF qty <> 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
+    IF qty IS DISTINCT FROM 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
        OR v_start_us < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)
        OR v_server <> (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
        OR pg_current_xact_id_if_assigned() IS NOT NULL THEN
