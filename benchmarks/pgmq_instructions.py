@@ -19,6 +19,11 @@ in both columns).
 
     python -m benchmarks.pgmq_instructions            # the table, into results/
     python -m benchmarks.pgmq_instructions --calls pop --out /tmp/x.md
+    python -m benchmarks.pgmq_instructions --facade-sql change.sql --out /tmp/y.md
+
+`--facade-sql` runs a file of SQL on each facade database once it is installed,
+before anything is measured: a schema change's cost, counted before a
+migration is written for it.
 """
 
 from __future__ import annotations
@@ -158,7 +163,7 @@ class Traced:
 
 
 def measure(
-    names: list[str], log: Callable[[str], None]
+    names: list[str], log: Callable[[str], None], facade_sql: str | None = None
 ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
     """Instructions per call, and WAL bytes per call, for each (call, system)."""
     calls = _calls()
@@ -174,6 +179,12 @@ def measure(
                     admin.execute(f"CREATE DATABASE {db}")
                     side.INSTALL[system](cluster.dsn(db))
                     side.prepare_queue(cluster.dsn(db), 1000)
+                    if facade_sql and system == "facade":
+                        with psycopg.connect(cluster.dsn(db), autocommit=True) as conn:
+                            try:
+                                conn.execute(facade_sql.encode())
+                            except psycopg.Error as exc:
+                                raise SystemExit(f"--facade-sql failed: {exc}") from None
         cluster.stop()
         cluster.start(traced=True)
         for name in names:
@@ -244,7 +255,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", default=",".join(_calls()), help="comma list of calls to measure")
     ap.add_argument("--out", default=str(RESULTS / "pgmq_instructions.md"), help="results file")
+    ap.add_argument(
+        "--facade-sql",
+        metavar="FILE",
+        help="SQL to run on each facade database after installing it (a what-if)",
+    )
     args = ap.parse_args()
+    facade_sql = None
+    if args.facade_sql:
+        try:
+            with open(args.facade_sql) as f:
+                facade_sql = f.read()
+        except OSError as exc:
+            sys.exit(f"cannot read --facade-sql {args.facade_sql}: {exc.strerror}")
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed: apt-get install valgrind")
     known = list(_calls())
@@ -254,7 +277,7 @@ def main() -> None:
         sys.exit(f"unknown call {unknown[0]!r}: choose from {', '.join(known)}")
     command = " ".join(["python -m benchmarks.pgmq_instructions", *sys.argv[1:]])
     began = time.monotonic()
-    counts, wal = measure(names, lambda s: print(s, file=sys.stderr, flush=True))
+    counts, wal = measure(names, lambda s: print(s, file=sys.stderr, flush=True), facade_sql)
     version = side._version("pgmq")
     text = "\n".join(
         [
@@ -262,6 +285,11 @@ def main() -> None:
             "",
             f"Command: `{command}`",
             "",
+            *(
+                [f"The facade's databases also ran {args.facade_sql} before measuring.", ""]
+                if args.facade_sql
+                else []
+            ),
             f"PyPI `pgmq` {version}; {_server_version()}; valgrind's callgrind, every backend"
             f" traced; per call: (total of {WARMUP}+{LONG} calls - total of {WARMUP}+{SHORT})"
             f" / {LONG - SHORT}, each call committed; fsync off. Thousands of instructions"

@@ -107,3 +107,41 @@ def test_the_instruction_count_benchmark_counts_both_systems(tmp_path: Path) -> 
     assert 100 <= float(real.rstrip("k").replace(",", "")) <= 5000, row
     assert 100 <= float(facade.rstrip("k").replace(",", "")) <= 5000, row
     assert float(ratio) > 0, row
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="needs valgrind (apt-get install valgrind)"
+)
+def test_the_instruction_count_benchmark_runs_a_what_if_on_the_facade_only(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("pgmq", reason="the peers come with pip install -e '.[bench]'")
+    what_if = tmp_path / "what_if.sql"
+    # real PGMQ's database has no pgqueue.message: this fails anywhere but the facade's
+    what_if.write_text("ALTER TABLE pgqueue.message ALTER COLUMN read_ct SET DEFAULT 0;")
+    bad = tmp_path / "bad.sql"
+    bad.write_text("ALTER TABLE pgqueue.no_such_table ADD COLUMN x int;")
+    out = tmp_path / "instructions.md"
+
+    def run(sql: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *(sys.executable, "-m", "benchmarks.pgmq_instructions", "--calls", "pop"),
+                *("--out", str(out), "--facade-sql", str(sql)),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    failed = run(bad)
+    assert failed.returncode != 0
+    assert "--facade-sql failed" in failed.stderr and "no_such_table" in failed.stderr
+    assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    missing = run(tmp_path / "missing.sql")
+    assert missing.returncode != 0 and "cannot read --facade-sql" in missing.stderr
+    done = run(what_if)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"also ran {what_if}" in out.read_text()
