@@ -393,12 +393,9 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Name who pauses the queue: a user name, a host, a ticket.';
     END IF;
     UPDATE pgqueue.queue SET paused_at = clock_timestamp(), paused_by = pause_queue.actor
-     WHERE queue_name = pause_queue.queue_name AND paused_at IS NULL;
-    IF FOUND THEN
-        RETURN true;
-    END IF;
-    PERFORM pgqueue._queue(pause_queue.queue_name);  -- raises PGQ01 when there is no such queue
-    RETURN false;
+     WHERE queue_id = (pgqueue._queue(pause_queue.queue_name)).queue_id  -- PGQ01 when there is none
+       AND paused_at IS NULL;
+    RETURN FOUND;
 END
 $$;
 
@@ -415,10 +412,10 @@ DECLARE
     q pgqueue.queue;
 BEGIN
     UPDATE pgqueue.queue SET paused_at = NULL, paused_by = NULL
-     WHERE queue_name = resume_queue.queue_name AND paused_at IS NOT NULL
+     WHERE queue_id = (pgqueue._queue(resume_queue.queue_name)).queue_id  -- PGQ01 when there is none
+       AND paused_at IS NOT NULL
     RETURNING * INTO q;
     IF NOT FOUND THEN
-        PERFORM pgqueue._queue(resume_queue.queue_name);  -- raises PGQ01 when there is no such queue
         RETURN false;
     END IF;
     IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN
@@ -926,9 +923,9 @@ BEGIN
                          send_keyed.traceparent, send_keyed.tracestate);
     RETURN QUERY
     SELECT v_id,
-           EXISTS (SELECT FROM pgqueue.message m JOIN pgqueue.queue q ON q.queue_id = m.queue_id
-                    WHERE q.queue_name = send_keyed.queue_name AND m.msg_id = v_id
-                      AND m.send_token = v_token)
+           EXISTS (SELECT FROM pgqueue.message m
+                    WHERE m.queue_id = (pgqueue._queue(send_keyed.queue_name)).queue_id
+                      AND m.msg_id = v_id AND m.send_token = v_token)
            OR EXISTS (SELECT FROM pgqueue.send_receipt r
                        WHERE r.send_token = v_token AND r.msg_id = v_id);
 END
@@ -1001,7 +998,10 @@ DECLARE
     q pgqueue.queue;
     n bigint;
 BEGIN
-    SELECT * INTO q FROM pgqueue.queue WHERE queue_name = drop_queue.queue_name FOR UPDATE;
+    -- the name as given, or the queue a PGMQ client means by it (as _queue)
+    SELECT * INTO q FROM pgqueue.queue
+     WHERE queue_name IN (drop_queue.queue_name, pgqueue._queue_name_for(drop_queue.queue_name))
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;

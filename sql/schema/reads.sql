@@ -751,6 +751,9 @@ DECLARE
     v_lo_f_id bigint;
     v_lo_t timestamptz;
     v_sweep boolean;
+    -- when the sweep's scans were done (the first round's): what follows may
+    -- wait on locks (a barrier's row, when a member goes), which is no sweep's cost
+    v_swept timestamptz;
     v_raise boolean := false;
     v_first_f timestamptz;
     v_first_t timestamptz;
@@ -981,6 +984,9 @@ BEGIN
                    coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
               INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
         END IF;
+        IF v_sweep AND v_swept IS NULL THEN
+            v_swept := clock_timestamp();
+        END IF;
         -- the first row locked in each lane over all rounds
         IF v_round_f IS NOT NULL AND (v_locked_f IS NULL OR (v_round_f, v_round_f_id) < (v_locked_f, v_locked_f_id)) THEN
             v_locked_f := v_round_f;
@@ -1108,9 +1114,10 @@ BEGIN
                 PERFORM setval(s_safe_t, v_new);
             END IF;
         END IF;
-        -- a slow sweep spaces out the next ones: sweeps take at most ~5% of reads
+        -- a slow sweep spaces out the next ones: sweeps take at most ~5% of
+        -- reads; what it waited for after its scans does not count
         PERFORM setval(s_sweep, pgqueue._ts_us(clock_timestamp()
-                       + greatest(interval '1 second', 20 * (clock_timestamp() - v_start))));
+                       + greatest(interval '1 second', 20 * (coalesce(v_swept, clock_timestamp()) - v_start))));
     END IF;
 END
 $$;

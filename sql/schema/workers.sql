@@ -192,7 +192,7 @@ BEGIN
     SELECT q.queue_id, v_minute, sum(t.a), sum(t.n), sum(t.p)
       FROM unnest(worker_heartbeat.tally_queues, worker_heartbeat.acked,
                   worker_heartbeat.nacked, worker_heartbeat.poisoned) AS t (name, a, n, p)
-      JOIN pgqueue.queue q ON q.queue_name = t.name
+      JOIN pgqueue.queue q ON q.queue_name = pgqueue._queue_name_for(t.name)  -- as _queue finds it
      GROUP BY q.queue_id
     HAVING sum(t.a) + sum(t.n) + sum(t.p) > 0
      ORDER BY q.queue_id
@@ -200,10 +200,12 @@ BEGIN
        SET acked = m.acked + EXCLUDED.acked, nacked = m.nacked + EXCLUDED.nacked,
            poisoned = m.poisoned + EXCLUDED.poisoned;
 
+    -- each queue under the name the worker gave
     RETURN QUERY
-    SELECT q.queue_name, q.paused_at IS NOT NULL FROM pgqueue.queue q
-     WHERE q.queue_name = ANY (worker_heartbeat.queues)
-     ORDER BY q.queue_name;
+    SELECT DISTINCT t.name, q.paused_at IS NOT NULL
+      FROM unnest(worker_heartbeat.queues) AS t (name)
+      JOIN pgqueue.queue q ON q.queue_name = pgqueue._queue_name_for(t.name)
+     ORDER BY t.name;
 END
 $$;
 
@@ -295,7 +297,8 @@ BEGIN
                           FROM pgqueue.queue_minute x
                          WHERE x.queue_id = q.queue_id AND x.minute BETWEEN v_from AND v_now) m
                     ON m.minute = g.minute) s
-     WHERE queue_rates.queue_names IS NULL OR q.queue_name = ANY (queue_rates.queue_names)
+     WHERE queue_rates.queue_names IS NULL
+        OR q.queue_name IN (SELECT pgqueue._queue_name_for(x) FROM unnest(queue_rates.queue_names) x)
      ORDER BY q.queue_name, s.minute;
 END
 $$;

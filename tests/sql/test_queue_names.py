@@ -76,3 +76,71 @@ def test_a_pgqueue_name_is_never_mapped(sql: psycopg.Connection[Any]) -> None:
         "SELECT n, pgqueue._queue_name_for(n) FROM unnest(%s::text[]) n", (names,)
     ).fetchall()
     assert got == [(n, n) for n in names]
+
+
+def test_pause_and_resume_by_a_mapped_name_pause_and_resume_its_queue(
+    sql: psycopg.Connection[Any],
+) -> None:
+    """Before the fix pause_queue('ORDERS') said false ("already paused") and paused nothing."""
+    sql.execute("SELECT pgqueue.create_queue('orders')")
+    sql.execute("SELECT pgqueue.send('orders', '1')")
+    assert sql.execute("SELECT pgqueue.pause_queue('ORDERS', 'ops')").fetchone() == (True,)
+    assert sql.execute("SELECT pgqueue.pause_queue('Orders')").fetchone() == (False,)
+    assert sql.execute(
+        "SELECT paused_by FROM pgqueue.queue WHERE queue_name = 'orders' AND paused_at IS NOT NULL"
+    ).fetchone() == ("ops",)
+    assert sql.execute("SELECT msg_id FROM pgqueue.read('ORDERS', 30, 1)").fetchall() == []
+    assert sql.execute("SELECT pgqueue.resume_queue('ORDERS')").fetchone() == (True,)
+    assert sql.execute("SELECT pgqueue.resume_queue('ORDERS')").fetchone() == (False,)
+    assert sql.execute(
+        "SELECT paused_at FROM pgqueue.queue WHERE queue_name = 'orders'"
+    ).fetchone() == (None,)
+    assert len(sql.execute("SELECT msg_id FROM pgqueue.read('ORDERS', 30, 1)").fetchall()) == 1
+    for call in ("pause_queue", "resume_queue"):
+        assert sqlstate(sql, f"SELECT pgqueue.{call}('Nope')") == (
+            "PGQ01",
+            'queue "Nope" does not exist',
+        )
+
+
+def test_send_keyed_by_a_mapped_name_says_it_sent(sql: psycopg.Connection[Any]) -> None:
+    """Before the fix it inserted the message and said sent=false (someone else's key)."""
+    sql.execute("SELECT pgqueue.create_queue('orders')")
+    first = sql.execute("SELECT * FROM pgqueue.send_keyed('ORDERS', '1', 'k1')").fetchone()
+    again = sql.execute("SELECT * FROM pgqueue.send_keyed('orders', '2', 'k1')").fetchone()
+    assert first is not None and first[1] is True
+    assert again == (first[0], False)
+    assert sql.execute("SELECT count(*) FROM pgqueue.message").fetchone() == (1,)
+
+
+def test_drop_queue_by_a_mapped_name_drops_its_queue(sql: psycopg.Connection[Any]) -> None:
+    """Before the fix drop_queue('ORDERS') said false while purge_queue('ORDERS') purged."""
+    sql.execute("SELECT pgqueue.create_queue('orders')")
+    sql.execute("SELECT pgqueue.send('orders', '1')")
+    assert sql.execute("SELECT pgqueue.drop_queue('ORDERS')").fetchone() == (True,)
+    assert sql.execute("SELECT count(*) FROM pgqueue.queue").fetchone() == (0,)
+    assert sql.execute("SELECT pgqueue.drop_queue('ORDERS')").fetchone() == (False,)
+
+
+def test_a_worker_on_a_mapped_name_is_told_its_pause_and_its_tallies_count(
+    sql: psycopg.Connection[Any],
+) -> None:
+    """The heartbeat answers with the names as the worker gave them; tallies reach the queue."""
+    sql.execute("SELECT pgqueue.create_queue('orders')")
+    sql.execute("SELECT pgqueue.create_queue('jobs')")
+    sql.execute("SELECT pgqueue.pause_queue('orders')")
+    beat = sql.execute(
+        "SELECT queue_name, paused FROM pgqueue.worker_heartbeat(gen_random_uuid(), 'h', 1,"
+        " ARRAY['ORDERS', 'jobs', 'Nope'], 4, 0, NULL, false, ARRAY['ORDERS', 'Jobs'],"
+        " ARRAY[3, 2]::bigint[], ARRAY[1, 0]::bigint[], ARRAY[0, 0]::bigint[])"
+    ).fetchall()
+    assert beat == [("ORDERS", True), ("jobs", False)]
+    tallies = sql.execute(
+        "SELECT q.queue_name, m.acked, m.nacked FROM pgqueue.queue_minute m"
+        " JOIN pgqueue.queue q USING (queue_id) ORDER BY 1"
+    ).fetchall()
+    assert tallies == [("jobs", 2, 0), ("orders", 3, 1)]
+    rates = sql.execute(
+        "SELECT DISTINCT queue_name FROM pgqueue.queue_rates(ARRAY['ORDERS'], 2)"
+    ).fetchall()
+    assert rates == [("orders",)]

@@ -516,3 +516,49 @@ def test_a_queue_lists_its_lane_sequences_and_a_read_without_the_list_finds_them
     assert floor(sql, lanes, "fast_f") == pytest.approx(sent_vt, abs=1e-5)
     row = sql.execute(f"SELECT last_value FROM pgqueue.lane_{lanes}_fast_f_id").fetchone()
     assert row == (sent[0],)
+
+
+def test_a_sweep_that_waited_on_a_barrier_row_spaces_the_next_one_by_its_scans_alone(
+    dsn: str, sql: psycopg.Connection[Any], lanes: int
+) -> None:
+    """A slow sweep spaces out the next (20x its duration), but a lock it waited on after its
+    scans is no sweep's cost: before, a pop that waited 3 s for a barrier's row put the next
+    sweep a minute away, and a lease rolled back under a moved floor waited that long."""
+    sql.execute("SELECT pgqueue.create_queue('callbacks')")
+    sql.execute(
+        "SELECT pgqueue.open_barrier(%s, 'callbacks', '{}', 'b1', messages => ARRAY['{}'::jsonb])",
+        (QUEUE,),
+    )
+    sql.execute(f"SELECT setval('pgqueue.lane_{lanes}_sweep', 1)")  # a sweep is due
+    with psycopg.connect(dsn) as holder:
+        # a member added in a transaction still open holds the barrier's row
+        holder.execute("SELECT pgqueue.add_members('b1', ARRAY['{}'::jsonb])")
+
+        def pop() -> None:  # the sweeping pop takes the first member and counts it: it waits
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                assert len(conn.execute("SELECT * FROM pgqueue.pop(%s)", (QUEUE,)).fetchall()) == 1
+
+        popper = threading.Thread(target=pop)
+        popper.start()
+        time.sleep(3)
+        holder.commit()
+        popper.join()
+    (due_in,) = sql.execute(
+        f"SELECT (last_value - pgqueue._ts_us(clock_timestamp())) / 1e6::float8"
+        f" FROM pgqueue.lane_{lanes}_sweep"
+    ).fetchone()  # type: ignore[misc]
+    assert due_in < 2, f"the next sweep is {due_in:.1f} s away"
+    with psycopg.connect(dsn) as reader:  # a one-message lease, rolled back under a moved floor
+        rows = reader.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
+        assert len(rows) == 1
+        (leased,) = rows[0]
+        sql.execute("SELECT pgqueue.send(%s, '2')", (QUEUE,))
+        time.sleep(0.1)
+        assert len(sql.execute("SELECT * FROM pgqueue.pop(%s)", (QUEUE,)).fetchall()) == 1
+        reader.rollback()
+    wait_until(
+        lambda: (
+            sql.execute("SELECT msg_id FROM pgqueue.pop(%s)", (QUEUE,)).fetchall() == [(leased,)]
+        ),
+        timeout=5,
+    )
