@@ -174,12 +174,14 @@ $$;
 
 -- Whole seconds from now until `delay`, rounded up (so never early), at least
 -- 0 (a time in the past is now) and at most 2147483647 (about 68 years, which
--- 'infinity' becomes).
+-- 'infinity' becomes); NULL for NULL, which the send refuses (22004). A
+-- negative integer delay is 0 and a NULL one stays NULL likewise.
 CREATE FUNCTION pgmq._delay_seconds(delay timestamptz) RETURNS integer
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT least(greatest(ceil(extract(epoch FROM delay) - extract(epoch FROM clock_timestamp())), 0),
-                 2147483647)::integer;
+    SELECT CASE WHEN delay IS NOT NULL
+                THEN least(greatest(ceil(extract(epoch FROM delay) - extract(epoch FROM clock_timestamp())), 0),
+                           2147483647)::integer END;
 $$;
 
 ------------------------------------------------------------------------------
@@ -523,7 +525,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), delay => greatest(delay, 0));
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), delay => CASE WHEN delay < 0 THEN 0 ELSE delay END);
 END
 $$;
 
@@ -541,7 +543,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, greatest(delay, 0),
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, CASE WHEN delay < 0 THEN 0 ELSE delay END,
                              group_key => headers ->> 'x-pgmq-group');
 END
 $$;
@@ -585,7 +587,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT * FROM pgqueue.send_batch(
-               queue_name, pgmq._bodies(msgs), headers, greatest(delay, 0),
+               queue_name, pgmq._bodies(msgs), headers, CASE WHEN delay < 0 THEN 0 ELSE delay END,
                group_keys => CASE WHEN headers IS NOT NULL THEN
                                  ARRAY(SELECT h ->> 'x-pgmq-group'
                                          FROM unnest(headers) WITH ORDINALITY AS u (h, i) ORDER BY u.i)
@@ -623,7 +625,7 @@ BEGIN
     IF cardinality(msgs) = 0 THEN
         PERFORM pgmq._empty_batch();
     END IF;
-    RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, greatest(delay, 0));
+    RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, CASE WHEN delay < 0 THEN 0 ELSE delay END);
 END
 $$;
 

@@ -1182,6 +1182,9 @@ DECLARE
     v_new_t bigint;
     v_leased_at timestamptz;
 BEGIN
+    IF vt_seconds IS NULL THEN
+        RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
+    END IF;
     -- The queue's row and its lanes' state, read as _take reads it: the vt of
     -- the fresh floor before its msg_id (a writer sets the id first).
     SELECT t.queue_id, t.max_attempts, t.lane_seqs, t.paused_at IS NOT NULL OR t.has_groups,

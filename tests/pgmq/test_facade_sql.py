@@ -513,6 +513,43 @@ def test_an_unknown_queue_is_PGQ01_everywhere(conn: Conn) -> None:
         assert sqlstate(conn, query) == "PGQ01", query
 
 
+NULL_TIMES = (
+    "SELECT * FROM pgmq.send('t', '{}', NULL::integer)",
+    "SELECT * FROM pgmq.send('t', '{}', NULL::timestamptz)",
+    "SELECT * FROM pgmq.send('t', '{}', '{}'::jsonb, NULL::integer)",
+    "SELECT * FROM pgmq.send('t', '{}', '{}'::jsonb, NULL::timestamptz)",
+    "SELECT * FROM pgmq.send_batch('t', ARRAY['{}']::jsonb[], NULL::integer)",
+    "SELECT * FROM pgmq.send_batch('t', ARRAY['{}']::jsonb[], NULL::timestamptz)",
+    "SELECT * FROM pgmq.send_batch('t', ARRAY['{}']::jsonb[], ARRAY['{}']::jsonb[], NULL::integer)",
+    "SELECT * FROM pgmq.send_batch('t', ARRAY['{}']::jsonb[], ARRAY['{}']::jsonb[],"
+    " NULL::timestamptz)",
+    "SELECT * FROM pgmq.read('t', NULL, 1)",
+    "SELECT * FROM pgmq.read_with_poll('t', NULL, 1, 1, 10)",
+    "SELECT * FROM pgmq.read_grouped('t', NULL, 1)",
+    "SELECT * FROM pgmq.read_grouped_rr('t', NULL, 1)",
+)
+
+
+def test_a_null_delay_or_vt_is_refused_as_pgmq_refuses_it(any_pgmq: Conn) -> None:
+    """PGMQ fails such a call on its vt column's NOT NULL; the facade says which argument (22004).
+
+    Before, the facade's sends took a NULL delay as 0 and sent at once, and its reads failed
+    on the live table's NOT NULL quoting the message.
+    """
+    conn = any_pgmq
+    conn.execute("SELECT pgmq.create('t')")
+    (msg_id,) = conn.execute("SELECT * FROM pgmq.send('t', '{}')").fetchone()  # type: ignore[misc]
+    facade = one(conn, "SELECT to_regclass('pgqueue.message') IS NOT NULL")
+    for query in NULL_TIMES:
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(query)
+        if facade:
+            assert caught.value.sqlstate == "22004", (query, caught.value)
+            message = caught.value.diag.message_primary or ""
+            assert re.fullmatch(r"(delay|vt) must not be NULL", message), (query, message)
+    assert rows(conn, "SELECT msg_id, read_ct FROM pgmq.q_t") == [(msg_id, 0)]
+
+
 # --- one queue, two APIs -----------------------------------------------------------
 
 
