@@ -661,10 +661,14 @@ BEGIN
         RAISE EXCEPTION 'actor is % characters; at most 200', length(pause_queue.actor)
             USING ERRCODE = '22023', HINT = 'Name who pauses the queue: a user name, a host, a ticket.';
     END IF;
+    -- the name as _queue finds it (a PGMQ client's name mapped)
     UPDATE pgqueue.queue SET paused_at = clock_timestamp(), paused_by = pause_queue.actor
-     WHERE queue_id = (pgqueue._queue(pause_queue.queue_name)).queue_id  -- PGQ01 when there is none
-       AND paused_at IS NULL;
-    RETURN FOUND;
+     WHERE queue_name = pgqueue._queue_name_for(pause_queue.queue_name) AND paused_at IS NULL;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM pgqueue._queue(pause_queue.queue_name);  -- raises PGQ01 when there is no such queue
+    RETURN false;
 END
 $$;
 
@@ -676,11 +680,12 @@ AS $$
 DECLARE
     q pgqueue.queue;
 BEGIN
+    -- the name as _queue finds it (a PGMQ client's name mapped)
     UPDATE pgqueue.queue SET paused_at = NULL, paused_by = NULL
-     WHERE queue_id = (pgqueue._queue(resume_queue.queue_name)).queue_id  -- PGQ01 when there is none
-       AND paused_at IS NOT NULL
+     WHERE queue_name = pgqueue._queue_name_for(resume_queue.queue_name) AND paused_at IS NOT NULL
     RETURNING * INTO q;
     IF NOT FOUND THEN
+        PERFORM pgqueue._queue(resume_queue.queue_name);  -- raises PGQ01 when there is no such queue
         RETURN false;
     END IF;
     IF EXISTS (SELECT 1 FROM pgqueue.waiter w WHERE w.queue_id = q.queue_id) THEN

@@ -144,3 +144,24 @@ def test_a_worker_on_a_mapped_name_is_told_its_pause_and_its_tallies_count(
         "SELECT DISTINCT queue_name FROM pgqueue.queue_rates(ARRAY['ORDERS'], 2)"
     ).fetchall()
     assert rates == [("orders",)]
+
+
+def test_pause_and_resume_of_no_queue_are_pgq01_also_once_their_plans_are_generic(
+    sql: psycopg.Connection[Any],
+) -> None:
+    """A generic plan that tested paused_at first never looked the name up: false, not PGQ01."""
+    for name in ("a", "b", "c"):
+        sql.execute("SELECT pgqueue.create_queue(%s)", (name,))
+    sql.execute("ANALYZE pgqueue.queue")
+    for _ in range(8):  # the session's plans of resume_queue become generic
+        assert sql.execute("SELECT pgqueue.resume_queue('a')").fetchone() == (False,)
+    for name in ("nope", "NOPE"):
+        assert sqlstate(sql, "SELECT pgqueue.resume_queue(%s)", name)[0] == "PGQ01", name
+    for name in ("a", "b", "c"):
+        sql.execute("SELECT pgqueue.pause_queue(%s)", (name,))
+    for _ in range(8):
+        assert sql.execute("SELECT pgqueue.pause_queue('a')").fetchone() == (False,)
+    for name in ("nope", "NOPE"):
+        assert sqlstate(sql, "SELECT pgqueue.pause_queue(%s)", name)[0] == "PGQ01", name
+    assert sql.execute("SELECT pgqueue.pause_queue('B')").fetchone() == (False,)
+    assert sql.execute("SELECT pgqueue.resume_queue('B')").fetchone() == (True,)
