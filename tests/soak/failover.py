@@ -81,6 +81,8 @@ from pgqueue._log import configure_logging  # noqa: E402
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SUPERUSER = "postgres"
 KINDS = ("switchover", "failover", "sigkill")
+# Engine stalls (EngineStall) a run retries before it fails.
+MAX_STALLS = 1
 
 # Fast failure detection (section 2): a dead primary is noticed in about 3 s and
 # demoted after 5, instead of 20 and 30.
@@ -224,6 +226,10 @@ class Node:
 
 class FormationError(RuntimeError):
     """The engine did not do what it was asked within its time."""
+
+
+class EngineStall(FormationError):
+    """After a SIGKILL, the engine named no new primary in time (its fault, not pgqueue's)."""
 
 
 class Formation:
@@ -778,6 +784,10 @@ class Failovers(threading.Thread):
         self.formation, self.count, self.stopping = formation, count, stop
         self.rng = random.Random(seed + 22)
         self.done: list[Failover] = []
+        # faults the engine stalled on and the formation recovered from: retried, at most
+        # MAX_STALLS of them, each with the monitor's last events (see inject)
+        self.stalls: list[str] = []
+        self.stall_kills: list[float] = []  # their SIGKILLs' epochs, which may excuse async losses
         self.error: BaseException | None = None
         self.finished = threading.Event()
 
@@ -798,7 +808,16 @@ class Failovers(threading.Thread):
             if not kinds:
                 kinds = list(KINDS)
                 self.rng.shuffle(kinds)
-            record = self.inject(kinds.pop())
+            kind = kinds.pop()
+            try:
+                record = self.inject(kind)
+            except EngineStall as stall:
+                self.stalls.append(str(stall))
+                print(f"{kind}: retried: {stall}", flush=True)
+                if len(self.stalls) > MAX_STALLS:
+                    raise
+                kinds.append(kind)
+                continue
             self.done.append(record)
             if record.error is not None:
                 return
@@ -817,7 +836,13 @@ class Failovers(threading.Thread):
                 t0 += record.started - started
             else:
                 perform = f.perform(kind)
-            record.new, record.timeline = f.wait_new_primary(old.name)
+            try:
+                record.new, record.timeline = f.wait_new_primary(old.name)
+            except FormationError as exc:
+                if kind != "sigkill":
+                    raise
+                self.stall_kills.append(record.started)
+                raise self._stalled(old, exc) from exc
             record.to_primary = time.monotonic() - t0
             if perform is not None and perform.wait(90) != 0:
                 record.error = f"pg_autoctl perform {kind} exited {perform.returncode}"
@@ -827,6 +852,8 @@ class Failovers(threading.Thread):
             record.to_whole = time.monotonic() - t0
             f.record_tree()
             record.timeline = f.timeline(f.node(record.new))
+        except EngineStall:
+            raise
         except (FormationError, subprocess.TimeoutExpired, psycopg.Error) as exc:
             record.error = str(exc)
         print(
@@ -835,6 +862,30 @@ class Failovers(threading.Thread):
             flush=True,
         )
         return record
+
+    def _stalled(self, old: Node, exc: FormationError) -> BaseException:
+        """The engine stalled after a SIGKILL: its last events, and the formation whole again.
+
+        Seen once in CI: the monitor named no new primary within 90 s of a SIGKILL
+        (the run's other faults, and its books, were fine). The killed node is
+        started again so the formation can recover, and the fault is retried;
+        the stall is reported with the events that explain it. A formation that
+        does not recover is a failed run.
+        """
+        f = self.formation
+        try:
+            events = f.autoctl(
+                "show", "events", "--count", "12", "--monitor", f.monitor_uri, timeout=20
+            )
+        except FormationError as shown:
+            events = f"(no events: {shown})"
+        try:
+            f.restart_node(old)
+            f.wait_whole(180)
+        except (FormationError, subprocess.TimeoutExpired, psycopg.Error) as again:
+            return FormationError(f"{exc}; and the formation did not recover: {again}")
+        tail = " | ".join(line.strip() for line in events.strip().splitlines()[-12:])
+        return EngineStall(f"{exc}; recovered by restarting {old.name}; monitor events: {tail}")
 
 
 # -- the books ----------------------------------------------------------------------------------
@@ -1123,6 +1174,7 @@ class Outcome:
     report: Report
     failovers: list[Failover]
     setup_seconds: float
+    stalls: list[str]
 
 
 def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
@@ -1181,7 +1233,7 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
         allowed: list[str] = []
         async_bugs: list[str] = []
         present = present_keys(dsn)
-        kills = [r.killed_at for r in records if r.killed_at is not None]
+        kills = [r.killed_at for r in records if r.killed_at is not None] + faults.stall_kills
         allowed, async_bugs = classify_missing(ledger, present, points, kills)
         if plan.synchronous:  # no miss is allowed: chaos.check reports them all
             async_bugs, allowed = [], []
@@ -1252,6 +1304,7 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 "load seconds": round(t1 - t0),
                 "consumers": cfg.consumers,
                 "failovers": dict(sorted(Counter(r.kind for r in records).items())),
+                "engine stalls retried (no new primary after a SIGKILL)": len(faults.stalls),
                 "producer retries": ledger.retries,
                 "drain seconds": round(drain, 1),
                 "worker exit codes at the end": codes,
@@ -1278,7 +1331,7 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 "confirmed sends missing at or below the switch point": len(async_bugs),
             }
         )
-        return Outcome(rep, records, setup)
+        return Outcome(rep, records, setup, faults.stalls)
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -1346,6 +1399,7 @@ def print_summary(out: Outcome) -> None:
     for key in (
         "replication",
         "failovers",
+        "engine stalls retried (no new primary after a SIGKILL)",
         "messages sent",
         "lost",
         "stuck",
@@ -1461,6 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
         print_soak(out.report)
         print_failovers(out.failovers, plan.synchronous)
         print_summary(out)
+        for stall in out.stalls:
+            print(f"\nengine stall, retried: {stall}")
         if args.json:
             args.json.write_text(
                 json.dumps(

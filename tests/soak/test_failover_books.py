@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import chaos
@@ -254,3 +255,41 @@ def test_the_summary_prints_every_failover_and_each_kind(
 def test_an_lsn_reads_as_its_byte_position() -> None:
     assert failover.lsn("0/40003C8") == 0x40003C8
     assert failover.lsn("16/B374D848") == (0x16 << 32) + 0xB374D848
+
+
+class _Formation:
+    """Whole at once: the fault loop's only call on the formation between faults."""
+
+    def wait_whole(self, timeout: float) -> float:
+        return 0.0
+
+
+class _Faults(failover.Failovers):
+    """The fault loop with the engine replaced by a script: the first `stalls` faults stall."""
+
+    def __init__(self, count: int, stalls: int) -> None:
+        super().__init__(_Formation(), count, seed=1, stop=threading.Event())  # type: ignore[arg-type]
+        self.to_stall = stalls
+        self.stopping.wait = lambda timeout=None: False  # type: ignore[method-assign]
+
+    def inject(self, kind: str) -> Failover:
+        if self.to_stall:
+            self.to_stall -= 1
+            raise failover.EngineStall(f"no new primary within 90 s of leaving node{self.to_stall}")
+        return Failover(kind, "node1", 1000.0, "node2", 2, 1.0, 2.0)
+
+
+def test_an_engine_stall_is_retried_once_and_every_kind_still_runs() -> None:
+    faults = _Faults(count=3, stalls=1)
+    faults.run()
+    assert faults.error is None
+    assert sorted(r.kind for r in faults.done) == sorted(failover.KINDS)
+    assert faults.stalls == ["no new primary within 90 s of leaving node0"]
+
+
+def test_a_second_engine_stall_fails_the_run() -> None:
+    faults = _Faults(count=3, stalls=failover.MAX_STALLS + 1)
+    faults.run()
+    assert isinstance(faults.error, failover.EngineStall)
+    assert len(faults.stalls) == failover.MAX_STALLS + 1
+    assert faults.done == []
