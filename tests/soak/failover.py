@@ -81,8 +81,9 @@ from pgqueue._log import configure_logging  # noqa: E402
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SUPERUSER = "postgres"
 KINDS = ("switchover", "failover", "sigkill")
-# Engine stalls (EngineStall) a run retries before it fails.
+# Engine stalls (EngineStall) a run retries before it fails, and their figure's name.
 MAX_STALLS = 1
+STALLS_FIGURE = "engine stalls retried (no new primary after a SIGKILL)"
 
 # Fast failure detection (section 2): a dead primary is noticed in about 3 s and
 # demoted after 5, instead of 20 and 30.
@@ -1304,7 +1305,7 @@ def run(plan: Plan, workdir: Path, formation: Formation) -> Outcome:
                 "load seconds": round(t1 - t0),
                 "consumers": cfg.consumers,
                 "failovers": dict(sorted(Counter(r.kind for r in records).items())),
-                "engine stalls retried (no new primary after a SIGKILL)": len(faults.stalls),
+                STALLS_FIGURE: len(faults.stalls),
                 "producer retries": ledger.retries,
                 "drain seconds": round(drain, 1),
                 "worker exit codes at the end": codes,
@@ -1399,7 +1400,7 @@ def print_summary(out: Outcome) -> None:
     for key in (
         "replication",
         "failovers",
-        "engine stalls retried (no new primary after a SIGKILL)",
+        STALLS_FIGURE,
         "messages sent",
         "lost",
         "stuck",
