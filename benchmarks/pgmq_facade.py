@@ -47,7 +47,7 @@ from benchmarks.common import DEFAULT_DSN, RESULTS, with_db
 
 QUEUE = "bench"
 SYSTEMS = ("real", "facade")
-LABELS = {"real": "real PGMQ", "facade": "pgqueue facade"}
+LABELS = {"real": "real PGMQ", "facade": "pgqueue facade", "whatif": "facade + what-if"}
 HANDLER_SECONDS = 0.0002
 PRELOAD_CHUNK = 1000
 MESSAGE = {"order": 0, "sku": "SKU-1234", "qty": 3, "note": "x" * 64}
@@ -100,6 +100,20 @@ def install_facade(dsn: str) -> None:
         client.migrate()
     with psycopg.connect(dsn, autocommit=True) as conn:
         install(conn)
+
+
+def install_whatif(sql_text: str) -> Callable[[str], None]:
+    """The facade, then a schema change of `--facade-sql` (a what-if measured beside both)."""
+
+    def install(dsn: str) -> None:
+        install_facade(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            try:
+                conn.execute(sql_text.encode())
+            except psycopg.Error as exc:
+                raise SystemExit(f"--facade-sql failed: {exc}") from None
+
+    return install
 
 
 INSTALL: dict[str, Callable[[str], None]] = {"real": install_real, "facade": install_facade}
@@ -269,6 +283,7 @@ class Cells:
     p50: dict[tuple[str, str], list[float]]
     rows: list[str]
     notes: list[str]
+    systems: tuple[str, ...] = SYSTEMS
 
 
 def measure(
@@ -278,12 +293,13 @@ def measure(
     log: Callable[[str], None],
     systems: tuple[str, ...] = SYSTEMS,
     settings: dict[str, str] | None = None,
+    scenarios: tuple[Scenario, ...] = SCENARIOS,
 ) -> Cells:
-    """Every scenario at 1 and 4 workers, for both systems in turn, `rounds` times."""
-    cells = Cells({}, {}, [], [])
+    """Every scenario at 1 and 4 workers, for each system in turn, `rounds` times."""
+    cells = Cells({}, {}, [], [], systems)
     with templates(server, systems) as tmpl:
         for r in range(rounds):
-            for sc in SCENARIOS:
+            for sc in scenarios:
                 for workers in WORKERS:
                     count = max(workers * 10, int(sc.count * scale))
                     row = f"{sc.label}, {workers} {'producer' if sc.producer else 'consumer'}"
@@ -325,33 +341,46 @@ def _ratio(a: list[float], b: list[float]) -> float | None:
     return statistics.median(a) / statistics.median(b)
 
 
+def _columns(cells: Cells, unit: str) -> list[str]:
+    """The header rows of a table: each system's column, then each other one's ratio to real."""
+    others = [s for s in cells.systems if s != "real"]
+    names = [f"{LABELS[s]} {unit}" for s in cells.systems]
+    ratios = [f"{'facade' if s == 'facade' else LABELS[s]}/real" for s in others]
+    heads = ["scenario", *names, *(ratios if "real" in cells.systems else [])]
+    return [f"| {' | '.join(heads)} |", "|" + "---|" * len(heads)]
+
+
+def _rows(cells: Cells, samples: dict[tuple[str, str], list[float]], digits: int) -> list[str]:
+    out = []
+    for row in cells.rows:
+        values = [samples.get((row, s), []) for s in cells.systems]
+        ratios = []
+        if "real" in cells.systems:
+            real = samples.get((row, "real"), [])
+            ratios = [
+                _fmt(_ratio(samples.get((row, s), []), real)) for s in cells.systems if s != "real"
+            ]
+        out.append(f"| {' | '.join([row, *(_cell(v, digits) for v in values), *ratios])} |")
+    return out
+
+
 def table(cells: Cells) -> list[str]:
-    """Two markdown tables: throughput (msg/s) and per-call p50 (ms), with facade/real."""
+    """Two markdown tables, throughput (msg/s) and p50 per call (ms), with ratios to real PGMQ."""
     out = [
         "Throughput, messages/s (higher is better; facade/real >= 1.00: the facade is at"
         " least as fast):",
         "",
-        "| scenario | real PGMQ msg/s | pgqueue facade msg/s | facade/real |",
-        "|---|---|---|---|",
-    ]
-    for row in cells.rows:
-        real, fac = cells.rate.get((row, "real"), []), cells.rate.get((row, "facade"), [])
-        r = _ratio(fac, real)
-        out.append(f"| {row} | {_cell(real, 0)} | {_cell(fac, 0)} | {_fmt(r)} |")
-    out += [
+        *_columns(cells, "msg/s"),
+        *_rows(cells, cells.rate, 0),
         "",
         "Per call, p50 in ms (one send, one send_batch of 100, or one message's read + handler"
         " + delete/archive, or pop + handler; lower is better; facade/real <= 1.00: the"
         " facade is at least as fast):",
         "",
-        "| scenario | real PGMQ ms | pgqueue facade ms | facade/real |",
-        "|---|---|---|---|",
+        *_columns(cells, "ms"),
+        *_rows(cells, cells.p50, 3),
+        "",
     ]
-    for row in cells.rows:
-        real, fac = cells.p50.get((row, "real"), []), cells.p50.get((row, "facade"), [])
-        r = _ratio(fac, real)
-        out.append(f"| {row} | {_cell(real, 3)} | {_cell(fac, 3)} | {_fmt(r)} |")
-    out.append("")
     if cells.notes:
         out += ["Notes:", "", *[f"- {n}" for n in cells.notes], ""]
     return out
@@ -514,6 +543,18 @@ def main() -> None:
         help="a setting of every measured database, e.g. synchronous_commit=off (repeatable)",
     )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
+    ap.add_argument(
+        "--only",
+        default=None,
+        metavar="KEYS",
+        help=f"comma list of scenarios to run, of {tuple(sc.key for sc in SCENARIOS)}",
+    )
+    ap.add_argument(
+        "--facade-sql",
+        default=None,
+        metavar="FILE",
+        help="also measure the facade with this SQL run on its databases (a what-if), side by side",
+    )
     args = ap.parse_args()
     if args.private:
         from benchmarks.server import private_server
@@ -529,6 +570,23 @@ def run(args: argparse.Namespace) -> None:
     """The run against args.dsn: print the tables, write them unless --smoke without --out."""
     began = time.monotonic()
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip() in SYSTEMS)
+    scenarios = SCENARIOS
+    if args.only:
+        keys = [k.strip() for k in args.only.split(",") if k.strip()]
+        unknown = [k for k in keys if k not in {sc.key for sc in SCENARIOS}]
+        if unknown or not keys:
+            sys.exit(
+                f"--only: unknown scenario {', '.join(unknown) or repr(args.only)};"
+                f" choose from {', '.join(sc.key for sc in SCENARIOS)}"
+            )
+        scenarios = tuple(sc for sc in SCENARIOS if sc.key in keys)
+    if args.facade_sql:
+        try:
+            with open(args.facade_sql) as f:
+                INSTALL["whatif"] = install_whatif(f.read())
+        except OSError as exc:
+            sys.exit(f"cannot read --facade-sql {args.facade_sql}: {exc.strerror}")
+        systems = (*systems, "whatif")
     command = "python -m benchmarks.pgmq_facade " + " ".join(sys.argv[1:])
     head = [
         "# PGMQ's Python client: pgqueue's pgmq facade beside real PGMQ",
@@ -555,14 +613,20 @@ def run(args: argparse.Namespace) -> None:
         lambda s: print(s, file=sys.stderr, flush=True),
         systems,
         settings,
+        scenarios,
     )
     body = [
-        f"PyPI `pgmq` {_version('pgmq')} `PGMQueue` (init_extension=False) in both columns;"
+        f"PyPI `pgmq` {_version('pgmq')} `PGMQueue` (init_extension=False) in every column;"
         f" {rounds} round(s), A B interleaved,{_settings_note(settings)}"
         " a fresh database per measurement (nothing"
         f" ANALYZEd or VACUUMed); scale {scale}; workers are processes, one client and one"
         " connection each; consumers run a handler of about 0.2 ms of JSON work per message.",
         "",
+        *(
+            [f"The what-if column is the facade with {args.facade_sql} run on its databases.", ""]
+            if args.facade_sql
+            else []
+        ),
         *table(cells),
         f"Took {time.monotonic() - began:,.0f} s.",
     ]
