@@ -67,6 +67,10 @@ BOOK_QUEUES = ("jobs", "callbacks", "async_jobs")
 # Slow handlers run across the full disk: their leases need heartbeats then,
 # and the stopped worker's need giving back.
 SLOW = 8.0
+# The stopped worker's handlers run until it is stopped, however long the
+# disk takes to fill: their redeliveries (after a give-back, or a lease that
+# ran out) do not sleep.
+UNTIL_STOPPED = 600.0
 
 # A small message (about 1 kB) fits wherever a page has room left; a big one
 # (7 kB that does not compress) goes out of line to the TOAST table, which no
@@ -186,6 +190,11 @@ class Producer:
     def slow(self, queue: str, tag: str) -> None:
         """A message whose handler takes SLOW seconds (worker_app's jobs and async_jobs)."""
         self.client.send(queue, {"tag": tag, "sleep": SLOW})
+        self.confirmed.add(tag)
+
+    def until_stopped(self, queue: str, tag: str) -> None:
+        """A message whose first handler runs until its worker is stopped (async_jobs)."""
+        self.client.send(queue, {"tag": tag, "first_sleep": UNTIL_STOPPED})
         self.confirmed.add(tag)
 
     def call(self, kind: str, pad: str = SMALL, batch: int = BATCH) -> Outcome:
@@ -435,7 +444,7 @@ def test_a_full_data_disk_fails_sends_clearly_and_everything_resumes_when_freed(
             # Handlers that will still run when the disk is full.
             for n in range(3):
                 producer.slow("jobs", f"slow-{n}")
-                producer.slow("async_jobs", f"stopped-{n}")
+                producer.until_stopped("async_jobs", f"stopped-{n}")
             wait_until(lambda: count_events(target, "start", "async_jobs") == 3, timeout=30)
 
             # -- fill: the producer sends (with the worker archiving) until 53100

@@ -55,7 +55,12 @@ def jobs(msg: Message) -> Any:
 @app.handler("async_jobs")
 async def async_jobs(msg: Message) -> Any:
     await asyncio.to_thread(record, msg, "start")
-    await asyncio.sleep(float(msg.message.get("sleep", 0)))
+    # "first_sleep": how long the first delivery sleeps (one a test stops the
+    # worker during); a redelivery sleeps "sleep"
+    sleep = msg.message.get("sleep", 0)
+    if msg.read_ct == 1:
+        sleep = msg.message.get("first_sleep", sleep)
+    await asyncio.sleep(float(sleep))
     await asyncio.to_thread(record, msg, "done")
     return "async"
 
