@@ -10,7 +10,10 @@
 --   python -m benchmarks.pgmq_facade --only send_batch --rounds 15 --scale 2 \
 --       --facade-sql benchmarks/whatif/split_keys.sql
 --
--- docs/design/one-entry-sends.md is the design this measures.
+-- docs/design/one-entry-sends.md is the design this measures; it writes the
+-- second predicate as `(...) IS NOT TRUE`, so that lookups by id probe that
+-- index once (counted so: 4,720k instructions per batch, where this file's
+-- form counts 4,718k).
 ALTER TABLE pgqueue.message DROP CONSTRAINT message_pkey;
 DROP INDEX pgqueue.message_fresh_idx;
 CREATE UNIQUE INDEX message_fresh_id_idx ON pgqueue.message (queue_id, msg_id)
