@@ -12,13 +12,17 @@
 --
 -- The read lanes, a read that survives MVCC pressure (docs/design/
 -- read-lanes.md; the argument in full is the header of sql/0005_claim_lanes.sql,
--- with 0008's corrections in the header of _oldest_writer below):
+-- with 0008's corrections in the header of _oldest_writer below and 0026's
+-- id floors in the header of sql/0026_fresh_lane_by_id.sql):
 --   1. Two lanes. A message version is FRESH (never read, sent without delay:
---      read_ct = 0 AND vt <= enqueued_at) or TIMED (everything else), each
---      with its own partial index on (queue_id, vt, msg_id).
+--      read_ct = 0 AND vt <= enqueued_at) or TIMED (everything else). The
+--      fresh lane is a partial index on (queue_id, msg_id), read in msg_id
+--      order; the timed lane one on (queue_id, vt, msg_id), read in vt order.
 --   2. Floors per lane, kept in sequences (setval leaves no dead tuples): a
 --      fast floor where every read starts, and a safe floor below which no
---      deliverable row can exist, raised by the late sweep.
+--      deliverable row can exist, raised by the late sweep. The fresh lane's
+--      floors are msg_ids and move by watermarks (_mark): a pair (T, W) such
+--      that every msg_id below W was drawn before time T.
 --   3. Backdated writes (a vt moved into the past by hand) are listed in
 --      pgqueue.recheck by a trigger, and every read takes the due ones.
 --   4. The late sweep, about once a second per queue, reads each lane from its
@@ -26,7 +30,7 @@
 
 -- Messages of a FIFO group are in neither lane (their order is the group's,
 -- not vt's): reads take them by the group heads (_take, "Groups").
-CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, vt, msg_id)
+CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, msg_id)
     WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
 CREATE INDEX message_timed_idx ON pgqueue.message (queue_id, vt, msg_id)
     WHERE (read_ct <> 0 OR vt > enqueued_at) AND group_key IS NULL;
@@ -313,13 +317,18 @@ LANGUAGE sql STABLE AS $$
                 ELSE 'epoch'::timestamptz + us * interval '1 microsecond' END;
 $$;
 
--- The seven sequences of a queue (pgqueue.lane_<queue_id>_<which>): fast
--- floor of each lane (and msg_id of the fresh one), safe floor of each lane,
--- the earliest time of the next late sweep, and the start time of the server
--- whose reads set the floors. One list of their names.
+-- The ten sequences of a queue (pgqueue.lane_<queue_id>_<which>), in this
+-- order: the fresh lane's fast floor (a msg_id); the time of its fast
+-- watermark; the timed lane's fast floor (a time); the fresh lane's safe
+-- floor (a msg_id); the timed lane's safe floor (a time); the earliest time
+-- of the next late sweep; the start time of the server whose reads set the
+-- floors; the msg_id of the fast watermark; the time and the msg_id of the
+-- safe watermark (_mark). Times are microseconds since the epoch, 1 for
+-- none. One list of their names.
 CREATE FUNCTION pgqueue._lane_names() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ARRAY['fast_f', 'fast_f_id', 'fast_t', 'safe_f', 'safe_t', 'sweep', 'server'];
+    SELECT ARRAY['fast_f_id', 'mark_f', 'fast_t', 'safe_f_id', 'safe_t', 'sweep', 'server',
+                 'mark_f_id', 'smark_f', 'smark_f_id'];
 $$;
 
 -- A queue's lane sequences, in the order of _lane_names (queue.lane_seqs).
@@ -332,7 +341,7 @@ $$;
 
 -- Creates (creating => true) or drops a queue's lane sequences. Once they
 -- are created, the queue's row lists them (queue.lane_seqs): a read finds
--- them there, not by name (seven lookups by name cost a one-message read
+-- them there, not by name (looking each up by name cost a one-message read
 -- about a tenth of its server time).
 CREATE FUNCTION pgqueue._lane_seqs(queue_id integer, creating boolean) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -349,6 +358,46 @@ BEGIN
          WHERE x.queue_id = _lane_seqs.queue_id;
     END IF;
 END
+$$;
+
+-- Records a watermark of a queue's fresh lane in the two sequences given: a
+-- time T (s_time) and a msg_id W (s_id) such that every msg_id below W was
+-- drawn before T. W is read before T is taken, and written after it; a reader
+-- reads W before T. So a reader that sees this W sees this T or a later one,
+-- and a pair read is never newer in W than in T. Writers of one queue take
+-- turns (an advisory lock, held for the two writes only; its key is
+-- _mark_lock_key's): interleaved, two writers could leave one's W beside the
+-- other's earlier T. False, and nothing written, when another writer has the
+-- turn.
+CREATE FUNCTION pgqueue._mark(queue_id integer, msg_seq regclass, s_time regclass, s_id regclass)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key bigint := pgqueue._mark_lock_key(queue_id);
+    v_w bigint;
+BEGIN
+    IF NOT pg_try_advisory_lock(v_key) THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        v_w := coalesce(pg_sequence_last_value(msg_seq), 0) + 1;
+        PERFORM setval(s_time, pgqueue._ts_us(clock_timestamp()));
+        PERFORM setval(s_id, v_w);
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        -- a session-level lock: never left behind
+        PERFORM pg_advisory_unlock(v_key);
+        RAISE;
+    END;
+    PERFORM pg_advisory_unlock(v_key);
+    RETURN true;
+END
+$$;
+
+-- The advisory lock (its one-bigint form) whose holder writes a queue's
+-- watermarks: 'pgqu' in the high 32 bits, the queue's id in the low ones.
+CREATE FUNCTION pgqueue._mark_lock_key(queue_id integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (x'70677175'::bigint << 32) | queue_id::bigint;
 $$;
 
 -- The poison reason of a message whose attempts ran out.
@@ -716,10 +765,13 @@ DECLARE
     -- later ones by the late sweep.
     c_margin_f constant interval := interval '50 milliseconds';
     c_margin_t constant interval := interval '10 milliseconds';
-    s_fast_f regclass;
     s_fast_f_id regclass;
+    s_mark_f regclass;
+    s_mark_f_id regclass;
     s_fast_t regclass;
-    s_safe_f regclass;
+    s_safe_f_id regclass;
+    s_smark_f regclass;
+    s_smark_f_id regclass;
     s_safe_t regclass;
     s_sweep regclass;
     s_server regclass;
@@ -727,9 +779,8 @@ DECLARE
     v_here bigint := pgqueue._ts_us(pg_postmaster_start_time());
     v_new_f bigint;
     v_new_t bigint;
-    v_set_f_id boolean := false;
-    v_set_f boolean := false;
     v_set_t boolean := false;
+    v_mark boolean := false;
     v_start timestamptz := clock_timestamp();
     -- a read in a transaction that has written may not see rows its own
     -- writes hid (a delete it may roll back): it moves no fast floor
@@ -741,13 +792,15 @@ DECLARE
     v_ok_tids tid[];
     v_exhausted_tids tid[];
     v_handed bigint[] := '{}';
-    v_fast_f bigint;
     v_fast_f_id bigint;
+    v_mark_f bigint;
+    v_mark_f_id bigint;
     v_fast_t bigint;
-    v_safe_f bigint;
+    v_safe_f_id bigint;
+    v_smark_f bigint;
+    v_smark_f_id bigint;
     v_safe_t bigint;
     v_next_sweep bigint;
-    v_lo_f timestamptz;
     v_lo_f_id bigint;
     v_lo_t timestamptz;
     v_sweep boolean;
@@ -755,7 +808,7 @@ DECLARE
     -- wait on locks (a barrier's row, when a member goes), which is no sweep's cost
     v_swept timestamptz;
     v_raise boolean := false;
-    v_first_f timestamptz;
+    v_first_f_id bigint;
     v_first_t timestamptz;
     v_locked_f timestamptz;
     v_locked_f_id bigint;
@@ -778,45 +831,50 @@ BEGIN
     IF q.lane_seqs IS NULL THEN
         q.lane_seqs := pgqueue._lane_seq_list(q.queue_id);
     END IF;
-    s_fast_f := q.lane_seqs[1];
-    s_fast_f_id := q.lane_seqs[2];
+    s_fast_f_id := q.lane_seqs[1];
+    s_mark_f := q.lane_seqs[2];
     s_fast_t := q.lane_seqs[3];
-    s_safe_f := q.lane_seqs[4];
+    s_safe_f_id := q.lane_seqs[4];
     s_safe_t := q.lane_seqs[5];
     s_sweep := q.lane_seqs[6];
     s_server := q.lane_seqs[7];
-    -- vt before id: a writer sets id before vt, so a read racing it sees a
-    -- pair no higher than the one written (see the fast floor update below);
-    -- one statement, read in this order; and whether any row of the queue is
-    -- listed for a recheck
-    SELECT coalesce(pg_sequence_last_value(s_fast_f), 1), coalesce(pg_sequence_last_value(s_fast_f_id), 1),
-           coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f), 1),
+    s_mark_f_id := q.lane_seqs[8];
+    s_smark_f := q.lane_seqs[9];
+    s_smark_f_id := q.lane_seqs[10];
+    -- One statement, read in this order: each watermark's msg_id before its
+    -- time (_mark); and whether any row of the queue is listed for a recheck.
+    SELECT coalesce(pg_sequence_last_value(s_fast_f_id), 1),
+           coalesce(pg_sequence_last_value(s_mark_f_id), 1), coalesce(pg_sequence_last_value(s_mark_f), 1),
+           coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f_id), 1),
+           coalesce(pg_sequence_last_value(s_smark_f_id), 1), coalesce(pg_sequence_last_value(s_smark_f), 1),
            coalesce(pg_sequence_last_value(s_safe_t), 1), coalesce(pg_sequence_last_value(s_sweep), 1),
            coalesce(pg_sequence_last_value(s_server), 0),
            EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id)
-      INTO v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_next_sweep, v_server, v_any_listed;
+      INTO v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_f_id, v_smark_f_id, v_smark_f, v_safe_t,
+           v_next_sweep, v_server, v_any_listed;
 
     -- A clock that went back (an NTP step, a failover to a server whose clock
-    -- is behind): every floor was set at or below the time of the read that
-    -- set it, so a floor above our start means rows written from now on may
-    -- lie below it. Start the lanes over from the bottom and sweep now; this
+    -- is behind): every time floor and watermark was set at or below the time
+    -- of the read that set it, so one above our start means rows written from
+    -- now on may lie below it. Start the lanes over from the bottom and sweep now; this
     -- read's sweep then sets the safe floors from the clock as it is.
     -- The same when the floors were set on another server, or before this one
     -- restarted (its start time differs): after a failover to a clock behind,
     -- sends may have landed below the floors before this first read, with the
     -- clock caught up by now (tests/sql/test_read_lanes.py).
-    IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)
+    IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)
        OR v_server <> v_here THEN
-        IF pgqueue._ts_us(v_start) < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t) THEN
+        IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t) THEN
             RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
-                v_start, pgqueue._us_ts(greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)), q.queue_name;
+                v_start, pgqueue._us_ts(greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)), q.queue_name;
         END IF;
-        PERFORM setval(s_fast_f_id, 1), setval(s_fast_f, 1), setval(s_fast_t, 1),
-                setval(s_safe_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
-        v_fast_f := 1;
+        PERFORM setval(s_fast_f_id, 1), setval(s_mark_f, 1), setval(s_fast_t, 1), setval(s_safe_f_id, 1),
+                setval(s_smark_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
         v_fast_f_id := 1;
+        v_mark_f := 1;
         v_fast_t := 1;
-        v_safe_f := 1;
+        v_safe_f_id := 1;
+        v_smark_f := 1;
         v_safe_t := 1;
         v_next_sweep := 1;
     END IF;
@@ -829,32 +887,30 @@ BEGIN
         v_raise := pg_current_xact_id_if_assigned() IS NULL
                    AND current_setting('transaction_isolation') = 'read committed';
         PERFORM setval(s_sweep, pgqueue._ts_us(v_start + interval '1 second'));
-        v_lo_f := pgqueue._us_ts(v_safe_f);
-        v_lo_f_id := 0;
+        v_lo_f_id := v_safe_f_id;
         v_lo_t := pgqueue._us_ts(v_safe_t);
         IF v_raise THEN
             v_writer := pgqueue._oldest_writer();
             -- Plain reads: a row being leased by a transaction still in
             -- progress shows its old version here, and holds the floor.
-            SELECT m.vt INTO v_first_f FROM pgqueue.message m
+            SELECT m.msg_id INTO v_first_f_id FROM pgqueue.message m
              WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
-               AND m.vt >= v_lo_f AND m.vt <= v_start
-             ORDER BY m.vt, m.msg_id LIMIT 1;
+               AND m.msg_id >= v_lo_f_id
+             ORDER BY m.msg_id LIMIT 1;
             SELECT m.vt INTO v_first_t FROM pgqueue.message m
              WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
                AND m.vt >= v_lo_t AND m.vt <= v_start
              ORDER BY m.vt, m.msg_id LIMIT 1;
             -- nothing visible lies below those rows: the read starts there
-            -- (a row committed since is above the safe floors raised below)
-            v_lo_f := coalesce(v_first_f, v_start);
+            -- (a row committed since is above the safe floors raised below;
+            -- with no fresh row visible, the fresh lane from its fast floor)
+            v_lo_f_id := coalesce(v_first_f_id, greatest(v_fast_f_id, v_safe_f_id));
             v_lo_t := coalesce(v_first_t, v_start);
         END IF;
     ELSIF conditional IS NOT NULL THEN
-        v_lo_f := pgqueue._us_ts(v_safe_f);
-        v_lo_f_id := 0;
+        v_lo_f_id := v_safe_f_id;
         v_lo_t := pgqueue._us_ts(v_safe_t);
     ELSE
-        v_lo_f := pgqueue._us_ts(v_fast_f);
         v_lo_f_id := v_fast_f_id;
         v_lo_t := pgqueue._us_ts(v_fast_t);
     END IF;
@@ -863,8 +919,9 @@ BEGIN
     -- same message; rows past max_attempts go to the poison table in the
     -- transaction that would have delivered them again; the batch is refilled
     -- for the places they left; no message is handed out twice in one call.
-    -- Each lane gives its first rows in (vt, msg_id) order, the listed rows
-    -- theirs, and the batch is the first of them all in that order.
+    -- The fresh lane gives its first rows in msg_id order, the timed lane and
+    -- the listed rows theirs in (vt, msg_id) order, and the batch is the first
+    -- of them all in (vt, msg_id) order.
     LOOP
         v_now := clock_timestamp();
         IF NOT q.has_groups AND NOT v_any_listed THEN
@@ -874,8 +931,8 @@ BEGIN
             -- one-message read). n ranks the rows of both lanes by (vt,
             -- msg_id), as the batch is chosen; the lanes are disjoint, so no
             -- row comes twice.
-            SELECT (array_agg(u.vt ORDER BY u.n) FILTER (WHERE u.fresh))[1],
-                   (array_agg(u.msg_id ORDER BY u.n) FILTER (WHERE u.fresh))[1],
+            SELECT (array_agg(u.vt ORDER BY u.msg_id) FILTER (WHERE u.fresh))[1],
+                   min(u.msg_id) FILTER (WHERE u.fresh),
                    min(u.vt) FILTER (WHERE NOT u.fresh), false,
                    coalesce(array_agg(u.msg_id) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
                    coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
@@ -885,10 +942,10 @@ BEGIN
                       FROM (SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, true AS fresh FROM pgqueue.message m
                               WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
                                 AND m.group_key IS NULL
-                                AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
+                                AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
                                 AND m.msg_id <> ALL (v_handed)
                                 AND (conditional IS NULL OR m.message @> conditional)
-                              ORDER BY m.vt, m.msg_id
+                              ORDER BY m.msg_id
                               LIMIT v_left
                                 FOR UPDATE SKIP LOCKED) f
                             UNION ALL
@@ -905,10 +962,10 @@ BEGIN
             WITH RECURSIVE f AS (
                 SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
                  WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
-                   AND (m.vt, m.msg_id) >= (v_lo_f, v_lo_f_id) AND m.vt <= v_now
+                   AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
                    AND m.msg_id <> ALL (v_handed)
                    AND (conditional IS NULL OR m.message @> conditional)
-                 ORDER BY m.vt, m.msg_id
+                 ORDER BY m.msg_id
                  LIMIT v_left
                    FOR UPDATE SKIP LOCKED
             ), t AS (
@@ -975,7 +1032,7 @@ BEGIN
             ), b AS (
                 SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
             ), f1 AS (
-                SELECT f.vt, f.msg_id FROM f ORDER BY f.vt, f.msg_id LIMIT 1
+                SELECT f.vt, f.msg_id FROM f ORDER BY f.msg_id LIMIT 1
             )
             SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
                    EXISTS (SELECT 1 FROM listed),
@@ -988,7 +1045,7 @@ BEGIN
             v_swept := clock_timestamp();
         END IF;
         -- the first row locked in each lane over all rounds
-        IF v_round_f IS NOT NULL AND (v_locked_f IS NULL OR (v_round_f, v_round_f_id) < (v_locked_f, v_locked_f_id)) THEN
+        IF v_round_f_id < v_locked_f_id OR (v_locked_f_id IS NULL AND v_round_f_id IS NOT NULL) THEN
             v_locked_f := v_round_f;
             v_locked_f_id := v_round_f_id;
         END IF;
@@ -1063,50 +1120,62 @@ BEGIN
     END IF;
 
     -- Fast floors, a matter of speed only (the late sweep finds what they
-    -- pass over): the first row this read locked in the lane, as long as it is
-    -- older than the margin; else the margin. Only raised here (a sweep lowers
-    -- them to rows it finds below them, see the end); an empty read
-    -- moves them only by whole seconds (setval takes a transaction id, and its
-    -- commit then a WAL flush). The fresh lane also keeps the msg_id of its
-    -- first locked row, so a batch of rows sharing one vt is not walked again;
-    -- written before the vt, read after it (above), so a read racing this
-    -- sees a pair that excludes no more than the pair written.
-    IF v_locked_f IS NOT NULL AND v_locked_f < v_start - c_margin_f THEN
-        v_new_f := pgqueue._ts_us(v_locked_f);
-        v_set_f := v_new_f > v_fast_f OR (v_new_f = v_fast_f AND v_locked_f_id > v_fast_f_id);
-        v_set_f_id := v_set_f;
-    ELSE
-        v_new_f := pgqueue._ts_us(least(v_locked_f, v_start - c_margin_f)) - 1;
-        v_set_f := v_new_f > v_fast_f AND (v_locked_f IS NOT NULL OR cardinality(v_handed) > 0
-                                           OR v_new_f > v_fast_f + 1000000);
-    END IF;
-    v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
-    v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
-                                       OR v_new_t > v_fast_t + 1000000);
-    IF (v_set_f OR v_set_t) AND conditional IS NULL AND NOT v_wrote THEN
-        -- one statement, evaluated in this order: the id before the vt
-        PERFORM CASE WHEN v_set_f_id THEN setval(s_fast_f_id, v_locked_f_id) END,
-                CASE WHEN v_set_f THEN setval(s_fast_f, v_new_f) END,
-                CASE WHEN v_set_t THEN setval(s_fast_t, v_new_t) END;
+    -- pass over). Only raised here (a sweep lowers them to rows it finds
+    -- below them, see below); an empty read moves them only by whole seconds
+    -- (setval takes a transaction id, and its commit then a WAL flush).
+    -- The fresh lane's: to the first row this read locked there, when that
+    -- row is older than the margin (every lower msg_id was drawn before it);
+    -- else up to the fast watermark, once that is older than the margin, but
+    -- never past that row; a watermark used (or none) is recorded anew. So a
+    -- send that commits within the margin of drawing its msg_id is found by
+    -- every read. The timed lane's: the first row locked there, or the margin.
+    IF conditional IS NULL AND NOT v_wrote THEN
+        IF v_locked_f IS NOT NULL AND v_locked_f < v_start - c_margin_f THEN
+            v_new_f := v_locked_f_id;
+        ELSIF v_mark_f > 1 AND v_mark_f < pgqueue._ts_us(v_start - c_margin_f)
+              AND (v_locked_f IS NOT NULL OR cardinality(v_handed) > 0
+                   OR v_mark_f < pgqueue._ts_us(v_start) - 1000000) THEN
+            v_new_f := least(v_mark_f_id, v_locked_f_id);
+            v_mark := true;
+        END IF;
+        v_mark := v_mark OR v_mark_f <= 1;
+        v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
+        v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
+                                           OR v_new_t > v_fast_t + 1000000);
+        IF v_new_f > v_fast_f_id OR v_set_t THEN
+            PERFORM CASE WHEN v_new_f > v_fast_f_id THEN setval(s_fast_f_id, v_new_f) END,
+                    CASE WHEN v_set_t THEN setval(s_fast_t, v_new_t) END;
+        END IF;
+        IF v_mark THEN
+            PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_mark_f, s_mark_f_id);
+        END IF;
     END IF;
 
     IF v_sweep THEN
         -- Rows the sweep found below a fast floor (a transaction that committed
         -- many rows late, a bulk load): bring the fast floor down to them, so
         -- that every read takes them, not one sweep a second.
-        v_new_f := pgqueue._ts_us(least(v_first_f, v_locked_f)) - 1;
-        IF v_new_f < v_fast_f THEN
-            PERFORM setval(s_fast_f_id, 1), setval(s_fast_f, greatest(v_new_f, 1));
+        v_new_f := least(v_first_f_id, v_locked_f_id);
+        IF v_new_f < v_fast_f_id THEN
+            PERFORM setval(s_fast_f_id, greatest(v_new_f, 1));
         END IF;
         v_new_t := pgqueue._ts_us(least(v_first_t, v_locked_t)) - 1;
         IF v_new_t < v_fast_t THEN
             PERFORM setval(s_fast_t, greatest(v_new_t, 1));
         END IF;
         IF v_raise THEN
-            v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
-                                          v_first_f)) - 1;
-            IF v_new > v_safe_f THEN
-                PERFORM setval(s_safe_f, v_new);
+            -- The fresh lane's safe floor: up to the safe watermark, once every
+            -- msg_id below it was drawn a second before the oldest writer
+            -- began (a writer's msg_ids are drawn after that), never past the
+            -- first fresh row visible; then a new watermark.
+            IF v_smark_f > 1 AND v_smark_f < pgqueue._ts_us(least(v_start, v_writer) - interval '1 second') THEN
+                v_new := least(v_smark_f_id, v_first_f_id);
+                IF v_new > v_safe_f_id THEN
+                    PERFORM setval(s_safe_f_id, v_new);
+                END IF;
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
+            ELSIF v_smark_f <= 1 THEN
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
             END IF;
             v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
                                           v_first_t)) - 1;
@@ -1137,13 +1206,13 @@ $$;
 -- no write before it in the transaction. Anything else, and a first row whose
 -- attempts ran out, goes to _take, which then finds and does the same (the
 -- rows locked here stay this transaction's). The message handed out is the
--- one _take's round would hand out: the first of the two lanes' first rows in
--- (vt, msg_id) order.
+-- one _take's round would hand out: the first of the two lanes' first rows
+-- (the fresh lane's by msg_id, the timed lane's by vt) in (vt, msg_id) order.
 --
 -- Its fast floors move as _take's would, but only once they would move by
--- more than a millisecond (or, within one vt, past 8 msg_ids): a floor is a
--- matter of speed, and a read one behind walks at most that many more index
--- entries, where each move costs a sequence write.
+-- more than 8 msg_ids (the fresh lane's) or a millisecond (the timed lane's):
+-- a floor is a matter of speed, and a read one behind walks at most that many
+-- more index entries, where each move costs a sequence write.
 CREATE FUNCTION pgqueue._take_by_name(queue_name text, vt_seconds integer, qty integer, remove boolean,
                                       conditional jsonb DEFAULT NULL)
 RETURNS SETOF pgqueue.taken_record
@@ -1158,19 +1227,20 @@ DECLARE
     v_queue_id integer;
     v_max integer;
     v_seqs regclass[];
+    v_msg_seq regclass;
     v_odd boolean;
     v_listed boolean;
     v_start timestamptz;
     v_start_us bigint;
-    v_fast_f bigint;
     v_fast_f_id bigint;
+    v_mark_f_id bigint;
+    v_mark_f bigint;
     v_fast_t bigint;
-    v_safe_f bigint;
     v_safe_t bigint;
     v_sweep bigint;
     v_server bigint;
-    v_lo_f timestamptz;
     v_lo_t timestamptz;
+    v_new_f bigint;
     v_f_vt timestamptz;
     v_f_id bigint;
     v_f_tid tid;
@@ -1185,17 +1255,18 @@ BEGIN
     IF vt_seconds IS NULL THEN
         RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
     END IF;
-    -- The queue's row and its lanes' state, read as _take reads it: the vt of
-    -- the fresh floor before its msg_id (a writer sets the id first).
-    SELECT t.queue_id, t.max_attempts, t.lane_seqs, t.paused_at IS NOT NULL OR t.has_groups,
-           coalesce(pg_sequence_last_value(t.lane_seqs[1]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[2]), 1),
-           coalesce(pg_sequence_last_value(t.lane_seqs[3]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[4]), 1),
+    -- The queue's row and its lanes' state, read as _take reads it: the fast
+    -- watermark's msg_id before its time (_mark). The fresh lane's safe floor
+    -- and watermark are the late sweep's, which runs in _take.
+    SELECT t.queue_id, t.max_attempts, t.lane_seqs, t.msg_seq, t.paused_at IS NOT NULL OR t.has_groups,
+           coalesce(pg_sequence_last_value(t.lane_seqs[1]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[8]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[2]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[3]), 1),
            coalesce(pg_sequence_last_value(t.lane_seqs[5]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[6]), 1),
            coalesce(pg_sequence_last_value(t.lane_seqs[7]), 0),
            EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = t.queue_id),
            clock_timestamp()
-      INTO v_queue_id, v_max, v_seqs, v_odd, v_fast_f, v_fast_f_id, v_fast_t, v_safe_f, v_safe_t, v_sweep,
-           v_server, v_listed, v_start
+      INTO v_queue_id, v_max, v_seqs, v_msg_seq, v_odd, v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_t,
+           v_sweep, v_server, v_listed, v_start
       FROM pgqueue.queue t
      WHERE t.queue_name = lower(_take_by_name.queue_name);
     IF NOT FOUND THEN
@@ -1206,7 +1277,7 @@ BEGIN
     END IF;
     v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
     IF qty IS DISTINCT FROM 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
-       OR v_start_us < greatest(v_fast_f, v_fast_t, v_safe_f, v_safe_t)
+       OR v_start_us < greatest(v_mark_f, v_fast_t, v_safe_t)
        OR v_server <> (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
        OR pg_current_xact_id_if_assigned() IS NOT NULL THEN
         SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
@@ -1218,9 +1289,8 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The first row of each lane, locked; v_start bounds vt, so no scan walks
-    -- the rows a lane holds beyond it (leases running, delays).
-    v_lo_f := pgqueue._us_ts(v_fast_f);
+    -- The first row of each lane, locked; v_start bounds vt, so no scan of the
+    -- timed lane walks the rows it holds beyond it (leases running, delays).
     v_lo_t := pgqueue._us_ts(v_fast_t);
     SELECT f.vt, f.msg_id, f.tid, t.vt, t.msg_id, t.read_ct, t.tid
       INTO v_f_vt, v_f_id, v_f_tid, v_t_vt, v_t_id, v_t_read_ct, v_t_tid
@@ -1228,8 +1298,8 @@ BEGIN
       LEFT JOIN LATERAL (
            SELECT m.vt, m.msg_id, m.ctid AS tid FROM pgqueue.message m
             WHERE m.queue_id = v_queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
-              AND (m.vt, m.msg_id) >= (v_lo_f, v_fast_f_id) AND m.vt <= v_start
-            ORDER BY m.vt, m.msg_id
+              AND m.msg_id >= v_fast_f_id AND m.vt <= v_start
+            ORDER BY m.msg_id
             LIMIT 1
               FOR UPDATE SKIP LOCKED) f ON true
       LEFT JOIN LATERAL (
@@ -1267,18 +1337,26 @@ BEGIN
         END IF;
     END IF;
 
-    -- The fast floors, as _take moves them (its header), each only once it
-    -- would move by more than a millisecond or, within one vt, 8 msg_ids: the
-    -- fresh floor to the first fresh row locked when that is older than the
-    -- margin, else behind the margin; the timed floor behind the first timed
-    -- row locked and the margin. The id before the vt.
+    -- The fast floors, as _take moves them, each only once it would move by
+    -- more than 8 msg_ids (the fresh lane's) or a millisecond (the timed
+    -- lane's): the fresh floor to the first fresh row locked when that is
+    -- older than the margin, else up to the fast watermark once that is older
+    -- than the margin, never past that row, and a new watermark (the first,
+    -- when there is none); the timed floor behind the first timed row locked
+    -- and the margin.
     IF v_f_vt < v_start - interval '50 milliseconds' THEN
-        IF v_f_vt > v_lo_f + interval '1 millisecond' OR (v_f_vt >= v_lo_f AND v_f_id > v_fast_f_id + 8) THEN
-            PERFORM setval(v_seqs[2], v_f_id), setval(v_seqs[1], pgqueue._ts_us(v_f_vt));
+        IF v_f_id > v_fast_f_id + 8 THEN
+            PERFORM setval(v_seqs[1], v_f_id);
         END IF;
-    ELSIF v_start_us - 50001 > v_fast_f + 1000
-          AND (v_tid IS NOT NULL OR v_start_us - 50001 > v_fast_f + 1000000) THEN
-        PERFORM setval(v_seqs[1], v_start_us - 50001);
+    ELSIF v_mark_f > 1 AND v_mark_f < v_start_us - 50000
+          AND (v_tid IS NOT NULL OR v_mark_f < v_start_us - 1000000) THEN
+        v_new_f := least(v_mark_f_id, v_f_id);
+        IF v_new_f > v_fast_f_id + 8 THEN
+            PERFORM setval(v_seqs[1], v_new_f);
+        END IF;
+        PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
+    ELSIF v_mark_f <= 1 THEN
+        PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
     END IF;
     IF v_t_vt < v_start - interval '10 milliseconds' THEN
         v_new_t := pgqueue._ts_us(v_t_vt) - 1;

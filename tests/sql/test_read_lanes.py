@@ -1,4 +1,4 @@
-"""Read lanes (0005): nothing a fast floor passes over is lost, under real races.
+"""Read lanes (0005, 0026): nothing a fast floor passes over is lost, under real races.
 
 A read starts at its lane's fast floor and skips what lies below it; the late
 sweep, about once a second, finds what the fast floors passed over and raises
@@ -32,13 +32,31 @@ def lanes(sql: psycopg.Connection[Any]) -> int:
 
 
 def floor(conn: psycopg.Connection[Any], queue_id: int, which: str) -> float:
-    """A floor of the queue, in seconds since the epoch."""
+    """A floor or watermark time of the queue, in seconds since the epoch."""
     row = conn.execute(
         f"SELECT extract(epoch FROM pgqueue._us_ts(last_value))::float8"
         f" FROM pgqueue.lane_{queue_id}_{which}"
     ).fetchone()
     assert row is not None
     return float(row[0])
+
+
+def floor_id(conn: psycopg.Connection[Any], queue_id: int, which: str) -> int:
+    """A floor of the fresh lane (fast_f_id, safe_f_id): no message below it is read there."""
+    row = conn.execute(f"SELECT last_value FROM pgqueue.lane_{queue_id}_{which}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def last_id(conn: psycopg.Connection[Any]) -> int:
+    """The last msg_id the queue has handed out, sent or not."""
+    row = conn.execute(
+        "SELECT coalesce(pg_sequence_last_value(msg_seq), 0) FROM pgqueue.queue"
+        " WHERE queue_name = %s",
+        (QUEUE,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def epoch(conn: psycopg.Connection[Any], msg_id: int) -> float:
@@ -123,9 +141,9 @@ def send(conn: psycopg.Connection[Any]) -> tuple[int, float]:
     return msg_id, epoch(conn, msg_id)
 
 
-def passes_over(sql: psycopg.Connection[Any], queue_id: int, which: str, vt: float) -> None:
-    """Wait until the lane's floor (fast or safe) is above vt: the row lies below it."""
-    wait_until(lambda: floor(sql, queue_id, which) > vt, timeout=20)
+def passes_over(sql: psycopg.Connection[Any], queue_id: int, which: str, msg_id: int) -> None:
+    """Wait until the fresh lane's floor (fast or safe) is above msg_id: the row lies below it."""
+    wait_until(lambda: floor_id(sql, queue_id, which) > msg_id, timeout=20)
 
 
 @pytest.mark.parametrize("qty", [1, 10])
@@ -133,10 +151,11 @@ def test_a_send_committed_late_is_delivered(
     dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     with psycopg.connect(dsn) as late, Traffic(dsn, qty=qty) as traffic:
-        msg_id, vt = send(late)
-        passes_over(sql, lanes, "fast_f", vt)
+        msg_id, _ = send(late)
+        passes_over(sql, lanes, "fast_f_id", msg_id)
         time.sleep(1.5)  # a few late sweeps while the send is still open
-        assert floor(sql, lanes, "safe_f") < vt, "the safe floor passed an open writer's row"
+        safe = floor_id(sql, lanes, "safe_f_id")
+        assert safe <= msg_id, "the safe floor passed an open writer's row"
         late.commit()
         wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
     assert traffic.saw(msg_id) == 1
@@ -149,10 +168,10 @@ def test_a_send_whose_transaction_was_idle_before_it_is_delivered(
     """An open transaction with no writes yet holds no floor; its later send must be found."""
     with psycopg.connect(dsn) as late, Traffic(dsn, qty=qty) as traffic:
         late.execute("SELECT 1")  # the transaction begins here, without a transaction id
-        began = time.time()
-        wait_until(lambda: floor(sql, lanes, "safe_f") > began, timeout=20)
-        msg_id, vt = send(late)
-        passes_over(sql, lanes, "fast_f", vt)
+        began = last_id(sql)
+        wait_until(lambda: floor_id(sql, lanes, "safe_f_id") > began, timeout=20)
+        msg_id, _ = send(late)
+        passes_over(sql, lanes, "fast_f_id", msg_id)
         time.sleep(1.5)
         late.commit()
         wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
@@ -163,12 +182,11 @@ def test_a_rolled_back_claim_is_delivered_again(
     dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"claimed\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
-    vt = epoch(sql, msg_id)
     with psycopg.connect(dsn) as claimer:
         rows = claimer.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
         assert rows == [(msg_id,)]
         with Traffic(dsn, qty=qty) as traffic:
-            passes_over(sql, lanes, "fast_f", vt)
+            passes_over(sql, lanes, "fast_f_id", msg_id)
             time.sleep(1.5)
             claimer.rollback()
             wait_until(lambda: traffic.saw(msg_id) == 1, timeout=10)
@@ -183,13 +201,12 @@ def test_a_row_skipped_while_an_ack_held_it_is_delivered_when_the_ack_rolls_back
     dsn: str, sql: psycopg.Connection[Any], lanes: int, qty: int
 ) -> None:
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '{\"held\": 1}')", (QUEUE,)).fetchone()  # type: ignore[misc]
-    vt = epoch(sql, msg_id)
     with psycopg.connect(dsn) as acker:
         assert acker.execute(
             "SELECT pgqueue.delete(%s, %s::bigint)", (QUEUE, msg_id)
         ).fetchone() == (True,)
         with Traffic(dsn, qty=qty) as traffic:
-            passes_over(sql, lanes, "fast_f", vt)
+            passes_over(sql, lanes, "fast_f_id", msg_id)
             time.sleep(1.5)
             assert traffic.saw(msg_id) == 0
             acker.rollback()
@@ -232,8 +249,9 @@ def test_an_idle_repeatable_read_snapshot_does_not_hold_the_safe_floors(
     with psycopg.connect(dsn) as holder, Traffic(dsn):
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM pgqueue.message").fetchone()
-        began = time.time()
-        wait_until(lambda: floor(sql, lanes, "safe_f") > began + 1, timeout=20)
+        time.sleep(1)
+        began = last_id(sql)  # drawn a second after the snapshot was taken
+        wait_until(lambda: floor_id(sql, lanes, "safe_f_id") > began, timeout=20)
         holder.rollback()
 
 
@@ -241,13 +259,16 @@ def test_a_writer_holding_a_transaction_id_holds_the_safe_floors(
     dsn: str, sql: psycopg.Connection[Any], lanes: int
 ) -> None:
     with psycopg.connect(dsn) as writer, Traffic(dsn):
+        began_id = last_id(sql)
         writer.execute("SELECT pg_current_xact_id()")  # takes a transaction id
         began = time.time()
         time.sleep(3)  # sweeps run about once a second
-        assert floor(sql, lanes, "safe_f") < began
+        assert last_id(sql) > began_id + 100, "the traffic kept sending"
+        # the writer might send a message with any id drawn from now on
+        assert floor_id(sql, lanes, "safe_f_id") <= began_id + 1
         assert floor(sql, lanes, "safe_t") < began
         writer.rollback()
-        wait_until(lambda: floor(sql, lanes, "safe_f") > began, timeout=20)
+        wait_until(lambda: floor_id(sql, lanes, "safe_f_id") > began_id + 1, timeout=20)
 
 
 def test_late_commits_rolled_back_claims_and_acks_lose_nothing(
@@ -354,7 +375,9 @@ def test_late_commits_rolled_back_claims_and_acks_lose_nothing(
             " WHERE msg_id = ANY(%s) ORDER BY msg_id LIMIT 5",
             (lost,),
         ).fetchall()
-        floors = {w: floor(sql, lanes, w) for w in ("fast_f", "fast_t", "safe_f", "safe_t")}
+        floors = {
+            w: floor_id(sql, lanes, w) for w in ("fast_f_id", "fast_t", "safe_f_id", "safe_t")
+        }
         raise AssertionError(
             f"not drained: {len(lost)} committed messages never acked: {rows}; floors {floors}"
         )
@@ -367,10 +390,10 @@ def test_late_commits_rolled_back_claims_and_acks_lose_nothing(
 def test_a_clock_that_went_back_does_not_hide_new_messages_below_the_floors(
     sql: psycopg.Connection[Any], lanes: int
 ) -> None:
-    # Every floor is at most the time of the read that set it; a clock that
-    # steps back (NTP, a failover to a server whose clock is behind) leaves
-    # them all in the future, as this does.
-    for which in ("fast_f", "fast_t", "safe_f", "safe_t"):
+    # Every time floor and watermark is at most the time of the read that set
+    # it; a clock that steps back (NTP, a failover to a server whose clock is
+    # behind) leaves them all in the future, as this does.
+    for which in ("mark_f", "fast_t", "smark_f", "safe_t"):
         sql.execute(
             f"SELECT setval('pgqueue.lane_{lanes}_{which}',"
             " pgqueue._ts_us(clock_timestamp() + interval '1 hour'))"
@@ -382,7 +405,7 @@ def test_a_clock_that_went_back_does_not_hide_new_messages_below_the_floors(
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,)).fetchone()  # type: ignore[misc]
     got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)).fetchall()
     assert got == [(msg_id,)], "the first read after the clock went back finds the new message"
-    for which in ("fast_f", "fast_t", "safe_f", "safe_t"):
+    for which in ("mark_f", "fast_t", "smark_f", "safe_t"):
         assert floor(sql, lanes, which) < time.time()
 
 
@@ -390,20 +413,24 @@ def test_a_failover_to_a_clock_behind_hides_nothing_from_a_read_after_it_caught_
     sql: psycopg.Connection[Any], lanes: int
 ) -> None:
     # The floors were set by reads on another server (the old primary), whose
-    # clock was 2 s ahead of this one's. Sends land below them; nobody reads
-    # until this clock has caught up, so no read starts below a floor.
+    # clock was 2 s ahead of this one's and whose sends this one never got, so
+    # it hands their msg_ids out again. Sends land below the floors; nobody
+    # reads until this clock has caught up, so no read starts below a floor.
     sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,))  # floors exist
     ahead = "pgqueue._ts_us(clock_timestamp() + interval '2 seconds')"
-    for which in ("fast_f", "fast_t", "safe_f", "safe_t", "sweep"):
+    for which in ("mark_f", "fast_t", "smark_f", "safe_t", "sweep"):
         sql.execute(f"SELECT setval('pgqueue.lane_{lanes}_{which}', {ahead})")
+    for which in ("fast_f_id", "safe_f_id", "mark_f_id", "smark_f_id"):
+        sql.execute(f"SELECT setval('pgqueue.lane_{lanes}_{which}', 1000)")
     sql.execute(
         f"SELECT setval('pgqueue.lane_{lanes}_server',"
         " pgqueue._ts_us(pg_postmaster_start_time() - interval '1 day'))"
     )
     (msg_id,) = sql.execute("SELECT pgqueue.send(%s, '1')", (QUEUE,)).fetchone()  # type: ignore[misc]
-    assert epoch(sql, msg_id) < floor(sql, lanes, "safe_f")
+    assert epoch(sql, msg_id) < floor(sql, lanes, "safe_t")
+    assert msg_id < floor_id(sql, lanes, "safe_f_id")
     time.sleep(2.2)
-    assert time.time() > floor(sql, lanes, "safe_f"), "the clock has caught up"
+    assert time.time() > floor(sql, lanes, "smark_f"), "the clock has caught up"
     got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 10)", (QUEUE,)).fetchall()
     assert got == [(msg_id,)], "the first read on this server found the send below the floors"
     here = sql.execute("SELECT pgqueue._ts_us(pg_postmaster_start_time())").fetchone()
@@ -498,8 +525,9 @@ def test_a_message_deleted_and_read_past_in_a_rolled_back_transaction_is_read_at
 def test_a_queue_lists_its_lane_sequences_and_a_read_without_the_list_finds_them_by_name(
     sql: psycopg.Connection[Any], lanes: int
 ) -> None:
-    """queue.lane_seqs names the seven sequences in order; a row without it reads by name."""
-    names = ["fast_f", "fast_f_id", "fast_t", "safe_f", "safe_t", "sweep", "server"]
+    """queue.lane_seqs names the ten sequences in order; a row without it reads by name."""
+    names = ["fast_f_id", "mark_f", "fast_t", "safe_f_id", "safe_t", "sweep", "server"]
+    names += ["mark_f_id", "smark_f", "smark_f_id"]
     row = sql.execute(
         "SELECT lane_seqs::text[] FROM pgqueue.queue WHERE queue_id = %s", (lanes,)
     ).fetchone()
@@ -509,13 +537,10 @@ def test_a_queue_lists_its_lane_sequences_and_a_read_without_the_list_finds_them
     sql.execute("UPDATE pgqueue.queue SET lane_seqs = NULL WHERE queue_id = %s", (lanes,))
     sent = sql.execute("SELECT pgqueue.send(%s, '{\"n\": 1}')", (QUEUE,)).fetchone()
     assert sent is not None
-    sent_vt = epoch(sql, sent[0])
     time.sleep(0.1)  # older than the fresh lane's margin: the read moves the fast floor to it
     got = sql.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
     assert got == [(sent[0],)]
-    assert floor(sql, lanes, "fast_f") == pytest.approx(sent_vt, abs=1e-5)
-    row = sql.execute(f"SELECT last_value FROM pgqueue.lane_{lanes}_fast_f_id").fetchone()
-    assert row == (sent[0],)
+    assert floor_id(sql, lanes, "fast_f_id") == sent[0]
 
 
 def test_a_sweep_that_waited_on_a_barrier_row_spaces_the_next_one_by_its_scans_alone(

@@ -1,0 +1,763 @@
+-- pgqueue 0026: the fresh lane in msg_id order, its floors msg_ids moved by
+-- watermarks.
+--
+-- The fresh lane (messages never read and sent without delay) was a partial
+-- index on (queue_id, vt, msg_id), its floors times. It becomes a partial
+-- index on (queue_id, msg_id), read in msg_id order: a narrower key (a send
+-- of a batch compared all three columns of ties on (queue_id, vt)), the same
+-- columns as the primary key, and the first step of
+-- docs/design/one-entry-sends.md. Its floors become msg_ids.
+--
+-- A msg_id carries no time, and the floors' margins are times: a fast floor
+-- stays 50 ms behind the sends, a safe floor a second behind the oldest
+-- writer. So a floor moves by a *watermark* (_mark): a pair (T, W) such that
+-- every msg_id below W was drawn before T. It is recorded by reading the
+-- queue's msg_seq (W, its last value plus one) before the clock (T); a
+-- sequence with CACHE 1, as every msg_seq is, hands out its values in the
+-- order they are drawn. Once T is older than a margin, every message with a
+-- msg_id below W either is visible or belongs to a writer later than the
+-- margin allows, as a message whose vt was below a time floor did:
+-- * a read moves the fast floor up to the fast watermark once T is 50 ms
+--   old, and never past the first fresh row it locked; or to that row when
+--   the row itself is older than 50 ms (every lower msg_id was drawn before
+--   the row's, which a send draws just after taking the vt; in a batch that
+--   took longer than the margin to draw its msg_ids, later: a matter of
+--   speed, which the sweep makes up). The watermark used is recorded anew;
+-- * the late sweep moves the safe floor up to the safe watermark once T is
+--   a second older than the oldest writer (_oldest_writer): a writer draws
+--   its msg_ids while it runs a statement, after the time it is counted at,
+--   so they are at or above W; never past the first fresh row the sweep's
+--   plain read sees (a lease in progress shows its old version there). The
+--   safe watermark is then recorded anew.
+-- Writers of a watermark take turns by an advisory lock (_mark_lock_key),
+-- held for two setval calls; readers read W before T.
+--
+-- Every queue's fresh floors start at the bottom: the first read walks the
+-- fresh lane once, the first sweep records the watermarks. The lanes'
+-- sequences lose fast_f and safe_f (times of the fresh lane) and gain
+-- safe_f_id, mark_f, mark_f_id, smark_f and smark_f_id; fast_f_id, once
+-- the tie-break of fast_f, is the fresh lane's fast floor.
+--
+-- Every statement can run again over its own result.
+
+DROP INDEX IF EXISTS pgqueue.message_fresh_idx;
+CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, msg_id)
+    WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
+
+-- The ten sequences of a queue (pgqueue.lane_<queue_id>_<which>), in this
+-- order: the fresh lane's fast floor (a msg_id); the time of its fast
+-- watermark; the timed lane's fast floor (a time); the fresh lane's safe
+-- floor (a msg_id); the timed lane's safe floor (a time); the earliest time
+-- of the next late sweep; the start time of the server whose reads set the
+-- floors; the msg_id of the fast watermark; the time and the msg_id of the
+-- safe watermark (_mark). Times are microseconds since the epoch, 1 for
+-- none. One list of their names.
+CREATE OR REPLACE FUNCTION pgqueue._lane_names() RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['fast_f_id', 'mark_f', 'fast_t', 'safe_f_id', 'safe_t', 'sweep', 'server',
+                 'mark_f_id', 'smark_f', 'smark_f_id'];
+$$;
+
+-- The advisory lock (its one-bigint form) whose holder writes a queue's
+-- watermarks: 'pgqu' in the high 32 bits, the queue's id in the low ones.
+CREATE OR REPLACE FUNCTION pgqueue._mark_lock_key(queue_id integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (x'70677175'::bigint << 32) | queue_id::bigint;
+$$;
+
+-- Records a watermark of a queue's fresh lane in the two sequences given: a
+-- time T (s_time) and a msg_id W (s_id) such that every msg_id below W was
+-- drawn before T. W is read before T is taken, and written after it; a reader
+-- reads W before T. So a reader that sees this W sees this T or a later one,
+-- and a pair read is never newer in W than in T. Writers of one queue take
+-- turns (an advisory lock, held for the two writes only; its key is
+-- _mark_lock_key's): interleaved, two writers could leave one's W beside the
+-- other's earlier T. False, and nothing written, when another writer has the
+-- turn.
+CREATE OR REPLACE FUNCTION pgqueue._mark(queue_id integer, msg_seq regclass, s_time regclass, s_id regclass)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key bigint := pgqueue._mark_lock_key(queue_id);
+    v_w bigint;
+BEGIN
+    IF NOT pg_try_advisory_lock(v_key) THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        v_w := coalesce(pg_sequence_last_value(msg_seq), 0) + 1;
+        PERFORM setval(s_time, pgqueue._ts_us(clock_timestamp()));
+        PERFORM setval(s_id, v_w);
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        -- a session-level lock: never left behind
+        PERFORM pg_advisory_unlock(v_key);
+        RAISE;
+    END;
+    PERFORM pg_advisory_unlock(v_key);
+    RETURN true;
+END
+$$;
+
+-- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
+-- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
+-- a notice for each. The read lanes, the floors and the late sweep are the
+-- header of sql/schema/reads.sql. The rows a round locks carry their ctids,
+-- and the lease (or the pop's delete, or the poison drop) finds them by those.
+--
+-- Groups. A message with a group_key is in neither lane: only the head of its
+-- group (its lowest live msg_id) can be handed out, and only while that head
+-- is visible. So at most one message of a group is leased at any time (a
+-- group's later messages wait until its head is acked, popped or poisoned),
+-- and a group is delivered in msg_id order, redeliveries and poison drops
+-- included; sends of a group draw their msg_ids in commit order (_lock_groups).
+-- The heads are found by a skip scan of message_group_idx (one probe per
+-- group), only for queues that ever had a group (queue.has_groups), and
+-- compete with the lanes' rows by (vt, msg_id).
+--
+-- conditional (the pgmq facade's filtered read): only messages whose payload
+-- contains it (@>). Such a read takes some rows and leaves others, so it
+-- starts from the safe floors and neither sweeps nor moves a floor.
+--
+-- A read in a transaction that wrote before it moves no fast floor: rows its
+-- own writes hid from it (deleted, or leased and then given back) come back
+-- when it rolls back, and the next read must find them at once, not at the
+-- next sweep. Rolled-back leases of other transactions are the sweep's.
+CREATE OR REPLACE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
+                              conditional jsonb DEFAULT NULL)
+RETURNS SETOF pgqueue.taken_record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- How far behind now a fast floor stays when the first row a read locked
+    -- in its lane is younger than that (or it locked none): writes that commit
+    -- within this long after their statement began are found by every read;
+    -- later ones by the late sweep.
+    c_margin_f constant interval := interval '50 milliseconds';
+    c_margin_t constant interval := interval '10 milliseconds';
+    s_fast_f_id regclass;
+    s_mark_f regclass;
+    s_mark_f_id regclass;
+    s_fast_t regclass;
+    s_safe_f_id regclass;
+    s_smark_f regclass;
+    s_smark_f_id regclass;
+    s_safe_t regclass;
+    s_sweep regclass;
+    s_server regclass;
+    v_server bigint;
+    v_here bigint := pgqueue._ts_us(pg_postmaster_start_time());
+    v_new_f bigint;
+    v_new_t bigint;
+    v_set_t boolean := false;
+    v_mark boolean := false;
+    v_start timestamptz := clock_timestamp();
+    -- a read in a transaction that has written may not see rows its own
+    -- writes hid (a delete it may roll back): it moves no fast floor
+    v_wrote boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
+    v_now timestamptz;
+    v_leased_at timestamptz;
+    v_left integer := qty;
+    v_ok bigint[];
+    v_ok_tids tid[];
+    v_exhausted_tids tid[];
+    v_handed bigint[] := '{}';
+    v_fast_f_id bigint;
+    v_mark_f bigint;
+    v_mark_f_id bigint;
+    v_fast_t bigint;
+    v_safe_f_id bigint;
+    v_smark_f bigint;
+    v_smark_f_id bigint;
+    v_safe_t bigint;
+    v_next_sweep bigint;
+    v_lo_f_id bigint;
+    v_lo_t timestamptz;
+    v_sweep boolean;
+    -- when the sweep's scans were done (the first round's): what follows may
+    -- wait on locks (a barrier's row, when a member goes), which is no sweep's cost
+    v_swept timestamptz;
+    v_raise boolean := false;
+    v_first_f_id bigint;
+    v_first_t timestamptz;
+    v_locked_f timestamptz;
+    v_locked_f_id bigint;
+    v_locked_t timestamptz;
+    v_round_f timestamptz;
+    v_round_f_id bigint;
+    v_round_t timestamptz;
+    v_listed boolean := false;
+    v_any_listed boolean;
+    v_round_listed boolean;
+    v_writer timestamptz;
+    v_new bigint;
+    v_dropped record;
+BEGIN
+    IF qty <= 0 THEN
+        RETURN;
+    END IF;
+    -- The lanes' sequences, as the queue's row lists them (by name for a row
+    -- without the list).
+    IF q.lane_seqs IS NULL THEN
+        q.lane_seqs := pgqueue._lane_seq_list(q.queue_id);
+    END IF;
+    s_fast_f_id := q.lane_seqs[1];
+    s_mark_f := q.lane_seqs[2];
+    s_fast_t := q.lane_seqs[3];
+    s_safe_f_id := q.lane_seqs[4];
+    s_safe_t := q.lane_seqs[5];
+    s_sweep := q.lane_seqs[6];
+    s_server := q.lane_seqs[7];
+    s_mark_f_id := q.lane_seqs[8];
+    s_smark_f := q.lane_seqs[9];
+    s_smark_f_id := q.lane_seqs[10];
+    -- One statement, read in this order: each watermark's msg_id before its
+    -- time (_mark); and whether any row of the queue is listed for a recheck.
+    SELECT coalesce(pg_sequence_last_value(s_fast_f_id), 1),
+           coalesce(pg_sequence_last_value(s_mark_f_id), 1), coalesce(pg_sequence_last_value(s_mark_f), 1),
+           coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f_id), 1),
+           coalesce(pg_sequence_last_value(s_smark_f_id), 1), coalesce(pg_sequence_last_value(s_smark_f), 1),
+           coalesce(pg_sequence_last_value(s_safe_t), 1), coalesce(pg_sequence_last_value(s_sweep), 1),
+           coalesce(pg_sequence_last_value(s_server), 0),
+           EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id)
+      INTO v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_f_id, v_smark_f_id, v_smark_f, v_safe_t,
+           v_next_sweep, v_server, v_any_listed;
+
+    -- A clock that went back (an NTP step, a failover to a server whose clock
+    -- is behind): every time floor and watermark was set at or below the time
+    -- of the read that set it, so one above our start means rows written from
+    -- now on may lie below it. Start the lanes over from the bottom and sweep now; this
+    -- read's sweep then sets the safe floors from the clock as it is.
+    -- The same when the floors were set on another server, or before this one
+    -- restarted (its start time differs): after a failover to a clock behind,
+    -- sends may have landed below the floors before this first read, with the
+    -- clock caught up by now (tests/sql/test_read_lanes.py).
+    IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)
+       OR v_server <> v_here THEN
+        IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t) THEN
+            RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
+                v_start, pgqueue._us_ts(greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)), q.queue_name;
+        END IF;
+        PERFORM setval(s_fast_f_id, 1), setval(s_mark_f, 1), setval(s_fast_t, 1), setval(s_safe_f_id, 1),
+                setval(s_smark_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
+        v_fast_f_id := 1;
+        v_mark_f := 1;
+        v_fast_t := 1;
+        v_safe_f_id := 1;
+        v_smark_f := 1;
+        v_safe_t := 1;
+        v_next_sweep := 1;
+    END IF;
+
+    v_sweep := conditional IS NULL AND pgqueue._ts_us(v_start) >= v_next_sweep;
+    IF v_sweep THEN
+        -- Only a read with a fresh snapshot that cannot see uncommitted writes
+        -- of its own may raise the safe floors (checked before our setval,
+        -- which takes a transaction id).
+        v_raise := pg_current_xact_id_if_assigned() IS NULL
+                   AND current_setting('transaction_isolation') = 'read committed';
+        PERFORM setval(s_sweep, pgqueue._ts_us(v_start + interval '1 second'));
+        v_lo_f_id := v_safe_f_id;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
+        IF v_raise THEN
+            v_writer := pgqueue._oldest_writer();
+            -- Plain reads: a row being leased by a transaction still in
+            -- progress shows its old version here, and holds the floor.
+            SELECT m.msg_id INTO v_first_f_id FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+               AND m.msg_id >= v_lo_f_id
+             ORDER BY m.msg_id LIMIT 1;
+            SELECT m.vt INTO v_first_t FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+               AND m.vt >= v_lo_t AND m.vt <= v_start
+             ORDER BY m.vt, m.msg_id LIMIT 1;
+            -- nothing visible lies below those rows: the read starts there
+            -- (a row committed since is above the safe floors raised below;
+            -- with no fresh row visible, the fresh lane from its fast floor)
+            v_lo_f_id := coalesce(v_first_f_id, greatest(v_fast_f_id, v_safe_f_id));
+            v_lo_t := coalesce(v_first_t, v_start);
+        END IF;
+    ELSIF conditional IS NOT NULL THEN
+        v_lo_f_id := v_safe_f_id;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
+    ELSE
+        v_lo_f_id := v_fast_f_id;
+        v_lo_t := pgqueue._us_ts(v_fast_t);
+    END IF;
+
+    -- Rows are locked by the read (SKIP LOCKED), so two readers never get the
+    -- same message; rows past max_attempts go to the poison table in the
+    -- transaction that would have delivered them again; the batch is refilled
+    -- for the places they left; no message is handed out twice in one call.
+    -- The fresh lane gives its first rows in msg_id order, the timed lane and
+    -- the listed rows theirs in (vt, msg_id) order, and the batch is the first
+    -- of them all in (vt, msg_id) order.
+    LOOP
+        v_now := clock_timestamp();
+        IF NOT q.has_groups AND NOT v_any_listed THEN
+            -- The common round: a queue without groups, nothing listed. The
+            -- lanes alone, in one statement of few plan nodes (starting the
+            -- executor on the full statement below was the largest part of a
+            -- one-message read). n ranks the rows of both lanes by (vt,
+            -- msg_id), as the batch is chosen; the lanes are disjoint, so no
+            -- row comes twice.
+            SELECT (array_agg(u.vt ORDER BY u.msg_id) FILTER (WHERE u.fresh))[1],
+                   min(u.msg_id) FILTER (WHERE u.fresh),
+                   min(u.vt) FILTER (WHERE NOT u.fresh), false,
+                   coalesce(array_agg(u.msg_id) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids
+              FROM (SELECT x.*, row_number() OVER (ORDER BY x.vt, x.msg_id) AS n
+                      FROM (SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, true AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+                                AND m.group_key IS NULL
+                                AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
+                              ORDER BY m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) f
+                            UNION ALL
+                            SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, false AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+                                AND m.group_key IS NULL
+                                AND m.vt >= v_lo_t AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
+                              ORDER BY m.vt, m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) t) x) u;
+        ELSE
+            WITH RECURSIVE f AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                   AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), t AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+                   AND m.vt >= v_lo_t AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.vt, m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), gk AS (
+                -- the queue's groups, one index probe each (a skip scan)
+                (SELECT m.group_key FROM pgqueue.message m
+                  WHERE q.has_groups AND m.queue_id = q.queue_id AND m.group_key IS NOT NULL
+                  ORDER BY m.group_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT m.group_key FROM pgqueue.message m
+                         WHERE m.queue_id = q.queue_id AND m.group_key > gk.group_key
+                         ORDER BY m.group_key LIMIT 1)
+                  FROM gk WHERE gk.group_key IS NOT NULL
+            ), heads AS MATERIALIZED (
+                -- each group's head, when visible: the candidates, earliest first
+                SELECT hd.msg_id, hd.vt FROM gk
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.group_key = gk.group_key
+                        ORDER BY m.group_key, m.msg_id LIMIT 1) hd
+                 WHERE gk.group_key IS NOT NULL AND hd.vt <= v_now AND hd.msg_id <> ALL (v_handed)
+                 ORDER BY hd.vt, hd.msg_id
+            ), g AS (
+                -- locked one by one in that order, until enough are (LIMIT stops
+                -- the nested loop: no head past those is locked)
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM heads h
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
+                          AND (conditional IS NULL OR m.message @> conditional)
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) x
+                 LIMIT v_left
+            ), listed AS (
+                SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
+            ), l AS (
+                -- From the listings to the messages, one probe by primary key each
+                -- (LATERAL with LIMIT: the planner cannot turn it into a scan of
+                -- the queue's messages joined to the listings).
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM listed r
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
+                          AND (conditional IS NULL OR m.message @> conditional)
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) x
+                 ORDER BY x.vt, x.msg_id
+                 LIMIT v_left
+            ), c AS (
+                SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
+                  FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l
+                        UNION ALL SELECT * FROM g) u
+            ), b AS (
+                SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
+            ), f1 AS (
+                SELECT f.vt, f.msg_id FROM f ORDER BY f.msg_id LIMIT 1
+            )
+            SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
+                   EXISTS (SELECT 1 FROM listed),
+                   coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
+        END IF;
+        IF v_sweep AND v_swept IS NULL THEN
+            v_swept := clock_timestamp();
+        END IF;
+        -- the first row locked in each lane over all rounds
+        IF v_round_f_id < v_locked_f_id OR (v_locked_f_id IS NULL AND v_round_f_id IS NOT NULL) THEN
+            v_locked_f := v_round_f;
+            v_locked_f_id := v_round_f_id;
+        END IF;
+        v_locked_t := least(v_locked_t, v_round_t);
+        v_listed := v_listed OR v_round_listed;
+
+        IF cardinality(v_exhausted_tids) > 0 THEN
+            -- One notice per message dropped, so the caller can log it: the
+            -- rows a read returns are only the ones it delivered.
+            FOR v_dropped IN
+                WITH gone AS (
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_exhausted_tids)
+                    RETURNING *
+                )
+                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                            reason, message, headers, dedupe_key, group_key)
+                SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
+                       pgqueue._exhausted_reason(g.read_ct, g.last_error),
+                       g.message, g.headers, g.dedupe_key, g.group_key
+                  FROM gone g
+                RETURNING msg_id, read_ct, reason
+            LOOP
+                PERFORM pgqueue._notice_poisoned(q.queue_name, v_dropped.msg_id, v_dropped.read_ct,
+                                                 v_dropped.reason);
+            END LOOP;
+            PERFORM set_config('pgqueue.read_poisoned', 'on', true);
+        END IF;
+
+        IF cardinality(v_ok) > 0 THEN
+            IF remove THEN
+                RETURN QUERY
+                WITH taken AS (
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_ok_tids)
+                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, last_read_at, vt, message, headers
+                )
+                SELECT * FROM taken t ORDER BY t.msg_id;
+            ELSE
+                -- the lease starts now, when the rows are ours: not at v_now,
+                -- before the statement that picked them was planned and ran
+                v_leased_at := clock_timestamp();
+                RETURN QUERY
+                WITH leased AS (
+                    UPDATE pgqueue.message
+                       SET vt = v_leased_at + make_interval(secs => vt_seconds), read_ct = read_ct + 1,
+                           last_read_at = v_leased_at
+                     WHERE ctid = ANY (v_ok_tids)
+                    RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
+                )
+                SELECT * FROM leased l ORDER BY l.msg_id;
+            END IF;
+            v_left := v_left - cardinality(v_ok);
+            v_handed := v_handed || v_ok;
+        END IF;
+        EXIT WHEN cardinality(v_exhausted_tids) = 0 OR v_left <= 0;
+    END LOOP;
+
+    -- Listed rows that are gone, taken or not due need no listing any more
+    -- (rows we took: if this transaction rolls back, so does this delete).
+    IF v_listed THEN
+        DELETE FROM pgqueue.recheck r
+         WHERE r.queue_id = q.queue_id
+           AND r.msg_id IN (
+               SELECT x.msg_id FROM pgqueue.recheck x
+                WHERE x.queue_id = q.queue_id
+                  -- a probe by primary key per listing (a scalar subquery with
+                  -- LIMIT is not turned into a join over the queue's messages)
+                  AND (SELECT 1 FROM pgqueue.message m
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                        LIMIT 1) IS NULL
+                  FOR UPDATE SKIP LOCKED);
+    END IF;
+
+    -- Fast floors, a matter of speed only (the late sweep finds what they
+    -- pass over). Only raised here (a sweep lowers them to rows it finds
+    -- below them, see below); an empty read moves them only by whole seconds
+    -- (setval takes a transaction id, and its commit then a WAL flush).
+    -- The fresh lane's: to the first row this read locked there, when that
+    -- row is older than the margin (every lower msg_id was drawn before it);
+    -- else up to the fast watermark, once that is older than the margin, but
+    -- never past that row; a watermark used (or none) is recorded anew. So a
+    -- send that commits within the margin of drawing its msg_id is found by
+    -- every read. The timed lane's: the first row locked there, or the margin.
+    IF conditional IS NULL AND NOT v_wrote THEN
+        IF v_locked_f IS NOT NULL AND v_locked_f < v_start - c_margin_f THEN
+            v_new_f := v_locked_f_id;
+        ELSIF v_mark_f > 1 AND v_mark_f < pgqueue._ts_us(v_start - c_margin_f)
+              AND (v_locked_f IS NOT NULL OR cardinality(v_handed) > 0
+                   OR v_mark_f < pgqueue._ts_us(v_start) - 1000000) THEN
+            v_new_f := least(v_mark_f_id, v_locked_f_id);
+            v_mark := true;
+        END IF;
+        v_mark := v_mark OR v_mark_f <= 1;
+        v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
+        v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
+                                           OR v_new_t > v_fast_t + 1000000);
+        IF v_new_f > v_fast_f_id OR v_set_t THEN
+            PERFORM CASE WHEN v_new_f > v_fast_f_id THEN setval(s_fast_f_id, v_new_f) END,
+                    CASE WHEN v_set_t THEN setval(s_fast_t, v_new_t) END;
+        END IF;
+        IF v_mark THEN
+            PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_mark_f, s_mark_f_id);
+        END IF;
+    END IF;
+
+    IF v_sweep THEN
+        -- Rows the sweep found below a fast floor (a transaction that committed
+        -- many rows late, a bulk load): bring the fast floor down to them, so
+        -- that every read takes them, not one sweep a second.
+        v_new_f := least(v_first_f_id, v_locked_f_id);
+        IF v_new_f < v_fast_f_id THEN
+            PERFORM setval(s_fast_f_id, greatest(v_new_f, 1));
+        END IF;
+        v_new_t := pgqueue._ts_us(least(v_first_t, v_locked_t)) - 1;
+        IF v_new_t < v_fast_t THEN
+            PERFORM setval(s_fast_t, greatest(v_new_t, 1));
+        END IF;
+        IF v_raise THEN
+            -- The fresh lane's safe floor: up to the safe watermark, once every
+            -- msg_id below it was drawn a second before the oldest writer
+            -- began (a writer's msg_ids are drawn after that), never past the
+            -- first fresh row visible; then a new watermark.
+            IF v_smark_f > 1 AND v_smark_f < pgqueue._ts_us(least(v_start, v_writer) - interval '1 second') THEN
+                v_new := least(v_smark_f_id, v_first_f_id);
+                IF v_new > v_safe_f_id THEN
+                    PERFORM setval(s_safe_f_id, v_new);
+                END IF;
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
+            ELSIF v_smark_f <= 1 THEN
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
+            END IF;
+            v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
+                                          v_first_t)) - 1;
+            IF v_new > v_safe_t THEN
+                PERFORM setval(s_safe_t, v_new);
+            END IF;
+        END IF;
+        -- a slow sweep spaces out the next ones: sweeps take at most ~5% of
+        -- reads; what it waited for after its scans does not count
+        PERFORM setval(s_sweep, pgqueue._ts_us(clock_timestamp()
+                       + greatest(interval '1 second', 20 * (coalesce(v_swept, clock_timestamp()) - v_start))));
+    END IF;
+END
+$$;
+
+-- Hands out up to qty messages of the named queue, as _take does, for every
+-- read, read_with_poll and pop: a paused queue gives no rows and one notice
+-- (PGQ11), an unknown one raises PGQ01. The name is looked up lowercased: a
+-- pgqueue name is its own lowercase, and a name whose lowercase names a queue
+-- stands for that queue (_queue_name_for); any other goes through _queue.
+--
+-- The one-message read. A read of one message (PGMQ's clients read one at a
+-- time) runs here in four statements: the queue's row with its lanes' floors,
+-- the first row of each lane locked, the lease (or the pop's delete) by ctid,
+-- and the fast floors' moves. It runs only when a round of _take would do
+-- exactly that: no group in the queue, nothing listed for a recheck, no sweep
+-- due, the floors set on this server and not above its clock, no filter, and
+-- no write before it in the transaction. Anything else, and a first row whose
+-- attempts ran out, goes to _take, which then finds and does the same (the
+-- rows locked here stay this transaction's). The message handed out is the
+-- one _take's round would hand out: the first of the two lanes' first rows
+-- (the fresh lane's by msg_id, the timed lane's by vt) in (vt, msg_id) order.
+--
+-- Its fast floors move as _take's would, but only once they would move by
+-- more than 8 msg_ids (the fresh lane's) or a millisecond (the timed lane's):
+-- a floor is a matter of speed, and a read one behind walks at most that many
+-- more index entries, where each move costs a sequence write.
+CREATE OR REPLACE FUNCTION pgqueue._take_by_name(queue_name text, vt_seconds integer, qty integer, remove boolean,
+                                      conditional jsonb DEFAULT NULL)
+RETURNS SETOF pgqueue.taken_record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_queue_id integer;
+    v_max integer;
+    v_seqs regclass[];
+    v_msg_seq regclass;
+    v_odd boolean;
+    v_listed boolean;
+    v_start timestamptz;
+    v_start_us bigint;
+    v_fast_f_id bigint;
+    v_mark_f_id bigint;
+    v_mark_f bigint;
+    v_fast_t bigint;
+    v_safe_t bigint;
+    v_sweep bigint;
+    v_server bigint;
+    v_lo_t timestamptz;
+    v_new_f bigint;
+    v_f_vt timestamptz;
+    v_f_id bigint;
+    v_f_tid tid;
+    v_t_vt timestamptz;
+    v_t_id bigint;
+    v_t_read_ct integer;
+    v_t_tid tid;
+    v_tid tid;
+    v_new_t bigint;
+    v_leased_at timestamptz;
+BEGIN
+    IF vt_seconds IS NULL THEN
+        RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    -- The queue's row and its lanes' state, read as _take reads it: the fast
+    -- watermark's msg_id before its time (_mark). The fresh lane's safe floor
+    -- and watermark are the late sweep's, which runs in _take.
+    SELECT t.queue_id, t.max_attempts, t.lane_seqs, t.msg_seq, t.paused_at IS NOT NULL OR t.has_groups,
+           coalesce(pg_sequence_last_value(t.lane_seqs[1]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[8]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[2]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[3]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[5]), 1), coalesce(pg_sequence_last_value(t.lane_seqs[6]), 1),
+           coalesce(pg_sequence_last_value(t.lane_seqs[7]), 0),
+           EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = t.queue_id),
+           clock_timestamp()
+      INTO v_queue_id, v_max, v_seqs, v_msg_seq, v_odd, v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_t,
+           v_sweep, v_server, v_listed, v_start
+      FROM pgqueue.queue t
+     WHERE t.queue_name = lower(_take_by_name.queue_name);
+    IF NOT FOUND THEN
+        -- raises PGQ01, or names the queue a PGMQ client's name stands for
+        q := pgqueue._queue(_take_by_name.queue_name);
+        RETURN QUERY SELECT * FROM pgqueue._take_by_name(q.queue_name, vt_seconds, qty, remove, conditional);
+        RETURN;
+    END IF;
+    v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
+    IF qty IS DISTINCT FROM 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
+       OR v_start_us < greatest(v_mark_f, v_fast_t, v_safe_t)
+       OR v_server <> (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
+       OR pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
+        IF q.paused_at IS NOT NULL THEN
+            PERFORM pgqueue._notice_paused(q);
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT * FROM pgqueue._take(q, vt_seconds, qty, remove, conditional);
+        RETURN;
+    END IF;
+
+    -- The first row of each lane, locked; v_start bounds vt, so no scan of the
+    -- timed lane walks the rows it holds beyond it (leases running, delays).
+    v_lo_t := pgqueue._us_ts(v_fast_t);
+    SELECT f.vt, f.msg_id, f.tid, t.vt, t.msg_id, t.read_ct, t.tid
+      INTO v_f_vt, v_f_id, v_f_tid, v_t_vt, v_t_id, v_t_read_ct, v_t_tid
+      FROM (SELECT) AS one
+      LEFT JOIN LATERAL (
+           SELECT m.vt, m.msg_id, m.ctid AS tid FROM pgqueue.message m
+            WHERE m.queue_id = v_queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+              AND m.msg_id >= v_fast_f_id AND m.vt <= v_start
+            ORDER BY m.msg_id
+            LIMIT 1
+              FOR UPDATE SKIP LOCKED) f ON true
+      LEFT JOIN LATERAL (
+           SELECT m.vt, m.msg_id, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+            WHERE m.queue_id = v_queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+              AND m.vt >= v_lo_t AND m.vt <= v_start
+            ORDER BY m.vt, m.msg_id
+            LIMIT 1
+              FOR UPDATE SKIP LOCKED) t ON true;
+    IF v_t_tid IS NULL OR (v_f_vt, v_f_id) < (v_t_vt, v_t_id) THEN
+        v_tid := v_f_tid;
+    ELSIF v_t_read_ct < v_max THEN
+        v_tid := v_t_tid;
+    ELSE
+        -- its attempts ran out: _take poison-drops it and hands out the next
+        SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
+        RETURN QUERY SELECT * FROM pgqueue._take(q, vt_seconds, qty, remove, conditional);
+        RETURN;
+    END IF;
+
+    IF v_tid IS NOT NULL THEN
+        IF remove THEN
+            RETURN QUERY
+            DELETE FROM pgqueue.message m WHERE m.ctid = v_tid
+            RETURNING m.msg_id, m.read_ct + 1, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+        ELSE
+            -- the lease starts now, when the row is ours
+            v_leased_at := clock_timestamp();
+            RETURN QUERY
+            UPDATE pgqueue.message m
+               SET vt = v_leased_at + make_interval(secs => vt_seconds), read_ct = m.read_ct + 1,
+                   last_read_at = v_leased_at
+             WHERE m.ctid = v_tid
+            RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+        END IF;
+    END IF;
+
+    -- The fast floors, as _take moves them, each only once it would move by
+    -- more than 8 msg_ids (the fresh lane's) or a millisecond (the timed
+    -- lane's): the fresh floor to the first fresh row locked when that is
+    -- older than the margin, else up to the fast watermark once that is older
+    -- than the margin, never past that row, and a new watermark (the first,
+    -- when there is none); the timed floor behind the first timed row locked
+    -- and the margin.
+    IF v_f_vt < v_start - interval '50 milliseconds' THEN
+        IF v_f_id > v_fast_f_id + 8 THEN
+            PERFORM setval(v_seqs[1], v_f_id);
+        END IF;
+    ELSIF v_mark_f > 1 AND v_mark_f < v_start_us - 50000
+          AND (v_tid IS NOT NULL OR v_mark_f < v_start_us - 1000000) THEN
+        v_new_f := least(v_mark_f_id, v_f_id);
+        IF v_new_f > v_fast_f_id + 8 THEN
+            PERFORM setval(v_seqs[1], v_new_f);
+        END IF;
+        PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
+    ELSIF v_mark_f <= 1 THEN
+        PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
+    END IF;
+    IF v_t_vt < v_start - interval '10 milliseconds' THEN
+        v_new_t := pgqueue._ts_us(v_t_vt) - 1;
+        IF v_new_t > v_fast_t + 1000 THEN
+            PERFORM setval(v_seqs[3], v_new_t);
+        END IF;
+    ELSIF v_start_us - 10001 > v_fast_t + 1000
+          AND (v_tid IS NOT NULL OR v_start_us - 10001 > v_fast_t + 1000000) THEN
+        PERFORM setval(v_seqs[3], v_start_us - 10001);
+    END IF;
+END
+$$;
+
+-- Every queue's lane sequences as the new list names them; its fresh floors
+-- at the bottom and its floors marked as set on no server, so the first read
+-- starts every lane over (_take) and the first sweep records the watermarks.
+DO $$
+DECLARE
+    v_id integer;
+BEGIN
+    FOR v_id IN SELECT queue_id FROM pgqueue.queue ORDER BY queue_id LOOP
+        EXECUTE format('DROP SEQUENCE IF EXISTS pgqueue.%I', 'lane_' || v_id || '_fast_f');
+        EXECUTE format('DROP SEQUENCE IF EXISTS pgqueue.%I', 'lane_' || v_id || '_safe_f');
+        PERFORM pgqueue._lane_seqs(v_id, true);
+        PERFORM setval(('pgqueue.lane_' || v_id || '_fast_f_id')::regclass, 1),
+                setval(('pgqueue.lane_' || v_id || '_server')::regclass, 1);
+    END LOOP;
+END
+$$;
+
+SELECT pgqueue.grant_roles();
