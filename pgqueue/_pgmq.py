@@ -640,7 +640,8 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
         name = sql_literal(s.name)
         row = conn.execute(
             "SELECT q.queue_id,"
-            " EXISTS (SELECT 1 FROM pgqueue.message m WHERE m.queue_id = q.queue_id),"
+            " EXISTS (SELECT 1 FROM pgqueue.message m WHERE m.queue_id = q.queue_id"
+            " AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)),"
             " EXISTS (SELECT 1 FROM pgqueue.archive a WHERE a.queue_id = q.queue_id),"
             " EXISTS (SELECT 1 FROM pgqueue.poison p WHERE p.queue_id = q.queue_id)"
             " FROM pgqueue.queue q WHERE q.queue_name = %s",
@@ -831,6 +832,28 @@ def _import_queue(
     if dry_run:
         return result
     created = existed is None
+    if not created:
+        # Its producers may be sending now, with ids of its own sequence that
+        # PGMQ's may share. A message is in one half of the key or the other
+        # (sql/schema/queue.sql), and neither refuses an id the other holds:
+        # writes wait until this commits, and a clash is looked for in both.
+        conn.execute("LOCK TABLE pgqueue.message IN SHARE ROW EXCLUSIVE MODE")
+        (clashes,) = _one(
+            conn,
+            sql.SQL(
+                "SELECT count(*) FROM {} WHERE EXISTS (SELECT 1 FROM pgqueue.message m"
+                " JOIN pgqueue.queue q ON q.queue_id = m.queue_id"
+                " WHERE q.queue_name = %s AND m.msg_id = src.msg_id"
+                " AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key))"
+            ).format(q_rows),
+            (s.target,),
+        )
+        if clashes:
+            raise PgmqImportRefused(
+                f"queue {sql_literal(s.name)}: {clashes} of its msg_ids are taken by live"
+                f" messages of pgqueue queue {sql_literal(s.target)}; drain or purge that"
+                " queue, or import into another name; nothing was changed"
+            )
     # the facade made it already, unless PGMQ stays (an import of some queues)
     conn.execute(
         "SELECT pgqueue.create_queue(%s, %s) WHERE NOT EXISTS"

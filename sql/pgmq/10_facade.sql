@@ -233,7 +233,12 @@ DECLARE
 BEGIN
     EXECUTE format('CREATE VIEW pgmq.%I AS'
                    ' SELECT m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers'
-                   '   FROM pgqueue.message m WHERE m.queue_id = %s', v_q, queue_id);
+                   '   FROM pgqueue.message m WHERE m.queue_id = %s'
+                   -- both halves of the key (sql/schema/queue.sql), as _keyed
+                   -- names them, written out: the views' readers need no grant
+                   '    AND ((m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL)'
+                   '         OR (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE)',
+                   v_q, queue_id);
     EXECUTE format('COMMENT ON VIEW pgmq.%I IS %L', v_q,
                    format('Live messages of pgqueue queue %s (read-only; the pgmq facade, docs/pgmq.md)',
                           queue_name));
@@ -885,7 +890,7 @@ BEGIN
     END IF;
     v_tids := ARRAY(
         SELECT (SELECT m.ctid FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
           FROM (SELECT DISTINCT i FROM unnest(set_vt.msg_ids) AS i ORDER BY i) AS u (id));
     RETURN QUERY
     UPDATE pgqueue.message m SET vt = set_vt.vt

@@ -414,7 +414,7 @@ BEGIN
       INTO v_member_tids, v_message_tids
       FROM (SELECT bm.ctid AS member_tid, m.ctid AS message_tid
               FROM pgqueue.barrier_member bm
-              JOIN pgqueue.message m ON m.queue_id = bm.queue_id AND m.msg_id = bm.msg_id
+              JOIN pgqueue.message m ON m.queue_id = bm.queue_id AND m.msg_id = bm.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
              WHERE bm.barrier_id = p_barrier_id AND bm.outcome IS NULL
                AND (m.read_ct = 0 OR m.vt <= v_now)
                FOR UPDATE OF bm, m SKIP LOCKED) c;
@@ -907,7 +907,7 @@ BEGIN
     -- trigger reaches the barrier), so take the message rows first, in
     -- msg_id order, one primary-key probe each.
     PERFORM (SELECT 1 FROM pgqueue.message m
-              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
        FROM (SELECT DISTINCT i FROM unnest(v_ids) AS i ORDER BY i) AS u (id);
     IF complete_members.enqueued_ats IS NOT NULL THEN
         -- The rows are locked: what this sees holds until we commit.
@@ -922,9 +922,10 @@ BEGIN
                       coalesce(complete_members.read_cts, array_fill(NULL::integer, ARRAY[v_n])))
                WITH ORDINALITY AS u (msg_id, outcome, result, tp, enqueued_at, read_ct, ord)
          WHERE u.enqueued_at IS NULL
-            OR NOT EXISTS (SELECT 1 FROM pgqueue.message m
-                            WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id
-                              AND m.enqueued_at <> u.enqueued_at);
+            OR (SELECT 1 FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+                   AND m.enqueued_at <> u.enqueued_at
+                 LIMIT 1) IS NULL;
         v_n := cardinality(v_ids);
         IF v_n = 0 THEN
             RETURN;
@@ -941,7 +942,7 @@ BEGIN
                WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, tp, ord)
          WHERE u.read_ct IS NULL
             OR (SELECT m.read_ct FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id) = u.read_ct;
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)) = u.read_ct;
         v_n := cardinality(v_ids);
         IF v_n = 0 THEN
             RETURN;
@@ -952,7 +953,7 @@ BEGIN
     PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[v_n]), v_ids, v_outcomes, v_results,
                               v_traces);
     v_tids := ARRAY(SELECT (SELECT m.ctid FROM pgqueue.message m
-                             WHERE m.queue_id = q.queue_id AND m.msg_id = u.id)
+                             WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key))
                       FROM unnest(v_ids) AS u (id));
     DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids);
 
@@ -1035,7 +1036,7 @@ BEGIN
     SELECT b.member_index, q.queue_name, b.msg_id, m.read_ct, m.enqueued_at, m.vt, m.last_error
       FROM pgqueue.barrier_member b
       JOIN pgqueue.queue q ON q.queue_id = b.queue_id
-      LEFT JOIN pgqueue.message m ON m.queue_id = b.queue_id AND m.msg_id = b.msg_id
+      LEFT JOIN pgqueue.message m ON m.queue_id = b.queue_id AND m.msg_id = b.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
      WHERE b.barrier_id = barrier_pending.barrier_id
        AND b.member_index > coalesce(barrier_pending.after_index, -1)
        AND b.outcome IS NULL

@@ -48,7 +48,7 @@ BEGIN
             HINT = 'Say why the message is poisoned: operators read it in pgqueue.poison_list().';
     END IF;
     WITH gone AS (
-        DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = poison.msg_id
+        DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
         RETURNING *
     )
     INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,
@@ -227,7 +227,7 @@ BEGIN
     END IF;
     WITH gone AS (
         DELETE FROM pgqueue.message
-         WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND read_ct = poison.read_ct
+         WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = poison.read_ct
         RETURNING *
     )
     INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,

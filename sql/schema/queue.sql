@@ -127,9 +127,34 @@ CREATE TABLE pgqueue.message (
     -- reader at a time, in msg_id order (reads.sql, "Groups")
     group_key text,
     -- when the current (or latest) lease began; NULL until the first read
-    last_read_at timestamptz,
-    PRIMARY KEY (queue_id, msg_id)
+    last_read_at timestamptz
 ) WITH (fillfactor = 90);
+
+-- The key, (queue_id, msg_id), in two halves: a fresh message (never read,
+-- sent without delay) is in message_fresh_idx, the fresh read lane
+-- (reads.sql), and every other message in message_rest_idx; both are unique.
+-- So a sent message costs one index entry, not a primary key's and a lane's.
+-- A msg_id comes from its queue's sequence, once (pgqueue pgmq import, which
+-- copies PGMQ's ids, checks both halves). A lookup by id names both halves in
+-- one qual (_keyed): a statement that waits for a row locked by a lease
+-- rechecks its qual on the leased version, which the other half holds, and
+-- the qual still holds there (docs/design/one-entry-sends.md).
+CREATE UNIQUE INDEX message_rest_idx ON pgqueue.message (queue_id, msg_id)
+    WHERE (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL) IS NOT TRUE;
+
+-- Without a primary key, logical replication of the table (a publication FOR
+-- ALL TABLES, say) identifies a changed row by all its columns.
+ALTER TABLE pgqueue.message REPLICA IDENTITY FULL;
+
+-- True for every message: the qual of a lookup by (queue_id, msg_id), which
+-- the planner inlines and plans as one probe of each half of the key (a
+-- BitmapOr). Written as the two indexes' predicates, ORed.
+CREATE FUNCTION pgqueue._keyed(read_ct integer, vt timestamptz, enqueued_at timestamptz, group_key text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL)
+           OR (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL) IS NOT TRUE;
+$$;
 
 -- A group's head is the first entry of its range; reads walk the heads.
 CREATE INDEX message_group_idx ON pgqueue.message (queue_id, group_key, msg_id)
@@ -567,7 +592,7 @@ LANGUAGE sql AS $$
                    count(*) FILTER (WHERE m.vt <= clock_timestamp()) AS visible,
                    min(m.enqueued_at) AS oldest,
                    max(m.enqueued_at) AS newest
-              FROM pgqueue.message m WHERE m.queue_id = q.queue_id) live;
+              FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)) live;
 $$;
 
 CREATE FUNCTION pgqueue.metrics(queue_name text)
@@ -665,10 +690,17 @@ DECLARE
 BEGIN
     PERFORM pgqueue._require_nonnegative('qty', peek.qty);
     RETURN QUERY
-    SELECT m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers, m.dedupe_key, m.last_error
-      FROM pgqueue.message m
-     WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0)
-     ORDER BY m.msg_id
+    -- each half of the key in msg_id order, merged (the version this
+    -- statement sees of a message is in one of them)
+    SELECT x.msg_id, x.read_ct, x.enqueued_at, x.vt, x.message, x.headers, x.dedupe_key, x.last_error
+      FROM ((SELECT m.* FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0) AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+              ORDER BY m.msg_id LIMIT peek.qty)
+            UNION ALL
+            (SELECT m.* FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0) AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+              ORDER BY m.msg_id LIMIT peek.qty)) x
+     ORDER BY x.msg_id
      LIMIT peek.qty;
 END
 $$;
@@ -928,9 +960,10 @@ BEGIN
                          send_keyed.traceparent, send_keyed.tracestate);
     RETURN QUERY
     SELECT v_id,
-           EXISTS (SELECT FROM pgqueue.message m
-                    WHERE m.queue_id = (pgqueue._queue(send_keyed.queue_name)).queue_id
-                      AND m.msg_id = v_id AND m.send_token = v_token)
+           (SELECT 1 FROM pgqueue.message m
+             WHERE m.queue_id = (pgqueue._queue(send_keyed.queue_name)).queue_id
+               AND m.msg_id = v_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.send_token = v_token
+             LIMIT 1) IS NOT NULL
            OR EXISTS (SELECT FROM pgqueue.send_receipt r
                        WHERE r.send_token = v_token AND r.msg_id = v_id);
 END
@@ -946,7 +979,7 @@ DECLARE
 BEGIN
     -- Members are counted as purged in the statement that deletes them.
     WITH gone AS (
-        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
         RETURNING m.msg_id, m.member_of
     ), agg AS (
         SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
@@ -971,16 +1004,40 @@ AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queue := pgqueue._queue(purge_queue_chunk.queue_name);
+    v_ids bigint[];
     v_tids tid[];
     n bigint;
 BEGIN
     PERFORM pgqueue._require_nonnegative('qty', purge_queue_chunk.qty);
-    -- the oldest qty, in msg_id order along the primary key, locked
-    v_tids := ARRAY(SELECT c.ctid FROM pgqueue.message c
-                     WHERE c.queue_id = q.queue_id AND c.msg_id <= purge_queue_chunk.up_to_msg_id
-                     ORDER BY c.msg_id
-                     LIMIT purge_queue_chunk.qty
-                       FOR UPDATE);
+    -- The oldest qty, in msg_id order along each half of the key, then
+    -- locked one by one in that order. A message whose lease committed while
+    -- this waited for it moved to the other half, where its probe does not
+    -- look: it is left for the next round, which runs at once when nothing
+    -- was locked, so that 0 means none is left.
+    LOOP
+        v_ids := ARRAY(SELECT x.msg_id
+                         FROM ((SELECT m.msg_id FROM pgqueue.message m
+                                 WHERE m.queue_id = q.queue_id AND m.msg_id <= purge_queue_chunk.up_to_msg_id
+                                   AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                                 ORDER BY m.msg_id LIMIT purge_queue_chunk.qty)
+                               UNION ALL
+                               (SELECT m.msg_id FROM pgqueue.message m
+                                 WHERE m.queue_id = q.queue_id AND m.msg_id <= purge_queue_chunk.up_to_msg_id
+                                   AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                                 ORDER BY m.msg_id LIMIT purge_queue_chunk.qty)) x
+                        ORDER BY x.msg_id
+                        LIMIT purge_queue_chunk.qty);
+        EXIT WHEN cardinality(v_ids) = 0;
+        v_tids := array_remove(ARRAY(
+            SELECT coalesce((SELECT m.ctid FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                                FOR UPDATE),
+                            (SELECT m.ctid FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                                FOR UPDATE))
+              FROM unnest(v_ids) AS u (id) ORDER BY u.id), NULL);
+        EXIT WHEN cardinality(v_tids) > 0;
+    END LOOP;
     -- Members are counted as purged in the statement that deletes them.
     WITH gone AS (
         DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
@@ -1018,7 +1075,7 @@ BEGIN
     EXECUTE format('DROP SEQUENCE %s', q.msg_seq);
     -- Members are counted as purged in the statement that deletes them.
     WITH gone AS (
-        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
         RETURNING m.msg_id, m.member_of
     ), agg AS (
         SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members

@@ -16,8 +16,9 @@
 -- id floors in the header of sql/0026_fresh_lane_by_id.sql):
 --   1. Two lanes. A message version is FRESH (never read, sent without delay:
 --      read_ct = 0 AND vt <= enqueued_at) or TIMED (everything else). The
---      fresh lane is a partial index on (queue_id, msg_id), read in msg_id
---      order; the timed lane one on (queue_id, vt, msg_id), read in vt order.
+--      fresh lane is a partial unique index on (queue_id, msg_id), read in
+--      msg_id order, and half of the key (queue.sql); the timed lane a partial
+--      index on (queue_id, vt, msg_id), read in vt order.
 --   2. Floors per lane, kept in sequences (setval leaves no dead tuples): a
 --      fast floor where every read starts, and a safe floor below which no
 --      deliverable row can exist, raised by the late sweep. The fresh lane's
@@ -30,7 +31,7 @@
 
 -- Messages of a FIFO group are in neither lane (their order is the group's,
 -- not vt's): reads take them by the group heads (_take, "Groups").
-CREATE INDEX message_fresh_idx ON pgqueue.message (queue_id, msg_id)
+CREATE UNIQUE INDEX message_fresh_idx ON pgqueue.message (queue_id, msg_id)
     WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
 CREATE INDEX message_timed_idx ON pgqueue.message (queue_id, vt, msg_id)
     WHERE (read_ct <> 0 OR vt > enqueued_at) AND group_key IS NULL;
@@ -57,7 +58,7 @@ BEGIN
             DELETE FROM pgqueue.message m
              WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
                                   WHERE q.queue_name = lower(_remove.queue_name))
-               AND m.msg_id = _remove.msg_id
+               AND m.msg_id = _remove.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
             RETURNING m.*
         )
         INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
@@ -67,7 +68,7 @@ BEGIN
         DELETE FROM pgqueue.message m
          WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
                               WHERE q.queue_name = lower(_remove.queue_name))
-           AND m.msg_id = _remove.msg_id;
+           AND m.msg_id = _remove.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key);
     END IF;
     IF FOUND THEN
         RETURN true;
@@ -114,7 +115,7 @@ BEGIN
     RETURN QUERY
     UPDATE pgqueue.message
        SET vt = clock_timestamp() + make_interval(secs => set_vt.vt)
-     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
     RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
 END
 $$;
@@ -140,7 +141,7 @@ BEGIN
     UPDATE pgqueue.message
        SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
            last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
-     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
     RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
 END
 $$;
@@ -166,7 +167,7 @@ BEGIN
     -- removed by ctid.
     v_tids := ARRAY(
         SELECT (SELECT m.ctid FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
           FROM (SELECT DISTINCT i FROM unnest(delete.msg_ids) AS i ORDER BY i) AS u (id));
     RETURN QUERY
     DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids) RETURNING m.msg_id;
@@ -188,7 +189,7 @@ BEGIN
     -- As delete(queue, ids): locked in msg_id order by primary-key probes.
     v_tids := ARRAY(
         SELECT (SELECT m.ctid FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id FOR UPDATE)
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
           FROM (SELECT DISTINCT i FROM unnest(archive.msg_ids) AS i ORDER BY i) AS u (id));
     RETURN QUERY
     WITH gone AS (
@@ -242,7 +243,7 @@ BEGIN
     PERFORM pgqueue._require_pairs(delete.msg_ids, delete.enqueued_ats);
     v_tids := ARRAY(
         SELECT (SELECT m.ctid FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.enqueued_at = u.at
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.enqueued_at = u.at
                    FOR UPDATE)
           FROM (SELECT DISTINCT i, e FROM unnest(delete.msg_ids, delete.enqueued_ats) AS x (i, e)
                  ORDER BY i) AS u (id, at));
@@ -268,7 +269,7 @@ BEGIN
     PERFORM pgqueue._require_pairs(archive.msg_ids, archive.enqueued_ats);
     v_tids := ARRAY(
         SELECT (SELECT m.ctid FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.enqueued_at = u.at
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.enqueued_at = u.at
                    FOR UPDATE)
           FROM (SELECT DISTINCT i, e FROM unnest(archive.msg_ids, archive.enqueued_ats) AS x (i, e)
                  ORDER BY i) AS u (id, at));
@@ -472,7 +473,7 @@ BEGIN
     UPDATE pgqueue.message
        SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
            last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
-     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND read_ct = set_vt.read_ct
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = set_vt.read_ct
     RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
 END
 $$;
@@ -506,7 +507,7 @@ BEGIN
     v_tids := ARRAY(
         SELECT t.tid FROM (
             SELECT (SELECT m.ctid FROM pgqueue.message m
-                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND m.read_ct = l.read_ct
+                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
                        FOR UPDATE) AS tid
               FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
                       FROM unnest(set_vt.msg_ids, set_vt.read_cts) AS x (msg_id, read_ct)
@@ -552,7 +553,7 @@ BEGIN
     v_tids := ARRAY(
         SELECT t.tid FROM (
             SELECT (SELECT m.ctid FROM pgqueue.message m
-                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND m.read_ct = l.read_ct
+                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
                        FOR UPDATE SKIP LOCKED) AS tid
               FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
                       FROM unnest(extend_leases.msg_ids, extend_leases.read_cts) AS x (msg_id, read_ct)
@@ -573,8 +574,11 @@ BEGIN
               FROM unnest(extend_leases.msg_ids, extend_leases.read_cts) AS x (msg_id, read_ct)
              ORDER BY x.msg_id) AS l
      WHERE l.msg_id <> ALL (v_done)
-       AND EXISTS (SELECT FROM pgqueue.message m
-                    WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND m.read_ct = l.read_ct);
+       -- a probe by key per id (a scalar subquery with LIMIT is not turned
+       -- into a join over the queue's messages)
+       AND (SELECT 1 FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
+             LIMIT 1) IS NOT NULL;
 END
 $$;
 
@@ -601,7 +605,7 @@ BEGIN
     IF nack.read_ct >= q.max_attempts THEN
         WITH gone AS (
             DELETE FROM pgqueue.message
-             WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND read_ct = nack.read_ct
+             WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = nack.read_ct
             RETURNING *
         )
         INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers,
@@ -615,7 +619,7 @@ BEGIN
     UPDATE pgqueue.message
        SET vt = clock_timestamp() + make_interval(secs => nack.delay),
            last_error = coalesce(v_error, last_error)
-     WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND read_ct = nack.read_ct;
+     WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = nack.read_ct;
     RETURN CASE WHEN FOUND THEN 'retry' END;
 END
 $$;
@@ -645,7 +649,7 @@ BEGIN
     RETURN QUERY
     SELECT h.id FROM (
         SELECT (SELECT m.msg_id FROM pgqueue.message m
-                 WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND m.read_ct = l.read_ct
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
                    FOR UPDATE) AS id
           FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
                   FROM unnest(hold_leases.msg_ids, hold_leases.read_cts) AS x (msg_id, read_ct)
@@ -1004,6 +1008,7 @@ BEGIN
                  CROSS JOIN LATERAL (
                        SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
                         WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
+                          AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
                           AND (conditional IS NULL OR m.message @> conditional)
                         LIMIT 1
                           FOR UPDATE SKIP LOCKED) x
@@ -1017,12 +1022,22 @@ BEGIN
                 SELECT x.msg_id, x.vt, x.read_ct, x.tid
                   FROM listed r
                  CROSS JOIN LATERAL (
-                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
-                        WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id
-                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
-                          AND (conditional IS NULL OR m.message @> conditional)
-                        LIMIT 1
-                          FOR UPDATE SKIP LOCKED) x
+                       SELECT * FROM (
+                           SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                            WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                              AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                              AND (conditional IS NULL OR m.message @> conditional)
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) xf
+                       UNION ALL
+                       SELECT * FROM (
+                           SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                            WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                              AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
+                              AND (conditional IS NULL OR m.message @> conditional)
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) xr
+                       LIMIT 1) x
                  ORDER BY x.vt, x.msg_id
                  LIMIT v_left
             ), c AS (
@@ -1110,10 +1125,16 @@ BEGIN
            AND r.msg_id IN (
                SELECT x.msg_id FROM pgqueue.recheck x
                 WHERE x.queue_id = q.queue_id
-                  -- a probe by primary key per listing (a scalar subquery with
-                  -- LIMIT is not turned into a join over the queue's messages)
+                  -- a probe of each half of the key per listing (a scalar
+                  -- subquery with LIMIT is not turned into a join over the
+                  -- queue's messages); the version this statement sees is in
+                  -- one of them
                   AND (SELECT 1 FROM pgqueue.message m
-                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                        LIMIT 1) IS NULL
+                  AND (SELECT 1 FROM pgqueue.message m
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
                           AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
                         LIMIT 1) IS NULL
                   FOR UPDATE SKIP LOCKED);

@@ -629,3 +629,42 @@ def test_names_pgqueue_cannot_hold_move_to_the_queues_the_facade_derives_from_th
         assert got == [(first, {"n": 1})]
         assert conn.execute("SELECT * FROM pgmq.send_topic('pid.x', '{}')").fetchone() == (1,)
         assert conn.execute('SELECT message FROM pgmq."q_bad-name"').fetchall() == [({"n": 2},)]
+
+
+def test_a_send_to_the_empty_queue_during_the_import_is_waited_for_and_its_id_refused(
+    filled: str,
+) -> None:
+    """pgqueue's key is two halves (0027), and neither refuses an id the other holds: a
+    delayed send (one half) with PGMQ's id of a fresh message (the other) must not make
+    two messages of one id. The import waits for the send to commit, then refuses."""
+    with _connect(filled) as conn:
+        conn.execute("SELECT pgqueue.create_queue('mixed')")
+        before = _snapshot(conn)
+        with psycopg.connect(filled) as producer:
+            (sent,) = producer.execute(
+                "SELECT pgqueue.send('mixed', '{\"late\": 1}', delay => 60)"
+            ).fetchone()  # type: ignore[misc]
+            assert sent == 1, "PGMQ's queue has a fresh message with this id too"
+
+            def commit_soon() -> None:
+                time.sleep(0.5)
+                producer.commit()
+
+            committer = threading.Thread(target=commit_soon)
+            committer.start()
+            try:
+                with pytest.raises(PgmqImportRefused) as info:
+                    import_pgmq(conn)
+            finally:
+                committer.join()
+        assert str(info.value) == (
+            "queue 'Mixed': 1 of its msg_ids are taken by live messages of pgqueue queue"
+            " 'mixed'; drain or purge that queue, or import into another name; nothing was"
+            " changed"
+        )
+        assert _snapshot(conn) == before
+        rows = conn.execute(
+            "SELECT m.msg_id, m.message FROM pgqueue.message m"
+            " JOIN pgqueue.queue q USING (queue_id) WHERE q.queue_name = 'mixed'"
+        ).fetchall()
+        assert rows == [(1, {"late": 1})]

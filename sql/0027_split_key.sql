@@ -1,0 +1,1397 @@
+-- pgqueue 0027: the key of pgqueue.message in two halves, so that a sent
+-- message costs one index entry.
+--
+-- A message sent without delay had two index entries: the primary key's,
+-- (queue_id, msg_id), and the fresh read lane's, (queue_id, msg_id) since
+-- 0026. The primary key becomes two partial unique indexes on its columns:
+-- message_fresh_idx, which is the fresh lane (read_ct = 0 AND vt <=
+-- enqueued_at AND group_key IS NULL), and message_rest_idx, every other
+-- message (that predicate IS NOT TRUE). A sent message is in the first only;
+-- a lease moves it to the second and to the timed lane, two entries as a
+-- lease made before. Measured, a batch of 100 sent by PGMQ's client costs the
+-- server fewer instructions and less WAL than PGMQ's own send_batch
+-- (docs/design/one-entry-sends.md, docs/pgmq.md "Speed").
+--
+-- What the primary key gave, and what gives it now:
+-- * Finding a message by id. Every statement that does names both halves
+--   in one qual, _keyed (inlined by the planner into the two predicates,
+--   ORed, and planned as one probe of each index, a BitmapOr). One qual, not
+--   two lookups: a statement that waits for a row another transaction has
+--   locked rechecks its qual on the version that transaction committed, and
+--   a lease moves the row from one half to the other; the qual holds on both
+--   (tests/sql/test_acks_racing_leases.py). Reads, which skip locked rows,
+--   and plain lookups, which see one version, may probe each half apart.
+-- * Unique ids. Each half refuses an id twice; no index refuses an id held
+--   in both. msg_ids come once from each queue's sequence; pgqueue pgmq
+--   import, which copies PGMQ's, keeps writers out and looks in both halves
+--   when it copies into a queue that exists already.
+-- * A replica identity. pgqueue.message gets REPLICA IDENTITY FULL, so a
+--   publication FOR ALL TABLES still replicates its updates and deletes.
+--
+-- Every statement can run again over its own result.
+
+-- True for every message: the qual of a lookup by (queue_id, msg_id), which
+-- the planner inlines and plans as one probe of each half of the key (a
+-- BitmapOr). Written as the two indexes' predicates, ORed.
+CREATE OR REPLACE FUNCTION pgqueue._keyed(read_ct integer, vt timestamptz, enqueued_at timestamptz, group_key text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL)
+           OR (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL) IS NOT TRUE;
+$$;
+
+CREATE UNIQUE INDEX IF NOT EXISTS message_rest_idx ON pgqueue.message (queue_id, msg_id)
+    WHERE (read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL) IS NOT TRUE;
+DROP INDEX IF EXISTS pgqueue.message_fresh_idx;
+CREATE UNIQUE INDEX message_fresh_idx ON pgqueue.message (queue_id, msg_id)
+    WHERE read_ct = 0 AND vt <= enqueued_at AND group_key IS NULL;
+ALTER TABLE pgqueue.message DROP CONSTRAINT IF EXISTS message_pkey;
+ALTER TABLE pgqueue.message REPLICA IDENTITY FULL;
+
+-- Removes one message of the named queue (looked up lowercased, as
+-- _take_by_name does), into the archive when archived is true: true when it
+-- was live, false when it was not, NULL when no queue has that lowercase
+-- name. One statement finds the queue and the message by its primary key; the
+-- queue's row is looked at again only when no message went.
+CREATE OR REPLACE FUNCTION pgqueue._remove(queue_name text, msg_id bigint, archived boolean) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF archived THEN
+        WITH gone AS (
+            DELETE FROM pgqueue.message m
+             WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                                  WHERE q.queue_name = lower(_remove.queue_name))
+               AND m.msg_id = _remove.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+            RETURNING m.*
+        )
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g;
+    ELSE
+        DELETE FROM pgqueue.message m
+         WHERE m.queue_id = (SELECT q.queue_id FROM pgqueue.queue q
+                              WHERE q.queue_name = lower(_remove.queue_name))
+           AND m.msg_id = _remove.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key);
+    END IF;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = lower(_remove.queue_name))
+                THEN false END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer, last_error text)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
+           last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+-- Acks many messages; the ids that were still live. Every multi-row remover
+-- locks its rows in msg_id order first (in any other order a batch
+-- completion and an ack could each hold a row the other wants: a deadlock),
+-- one primary-key probe per id, so the plan needs no statistics (see the
+-- header of sql/0010_plans.sql), and then removes them by ctid.
+CREATE OR REPLACE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+    v_tids tid[];
+BEGIN
+    -- Locked in msg_id order, as every multi-row remover locks (a deadlock
+    -- with a batch completion otherwise), one primary-key probe per id; then
+    -- removed by ctid.
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(delete.msg_ids) AS i ORDER BY i) AS u (id));
+    RETURN QUERY
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids) RETURNING m.msg_id;
+END
+$$;
+
+-- Acks many messages by moving them to pgqueue.archive, locked as delete does.
+CREATE OR REPLACE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(archive.queue_name);
+    v_tids tid[];
+BEGIN
+    -- As delete(queue, ids): locked in msg_id order by primary-key probes.
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
+          FROM (SELECT DISTINCT i FROM unnest(archive.msg_ids) AS i ORDER BY i) AS u (id));
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
+        RETURNING m.*
+    ), kept AS (
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k;
+END
+$$;
+
+-- Acks many messages, each only while it is the message its reader was given:
+-- the same msg_id and the same enqueued_at (which no write changes). An id
+-- handed out again cannot be acked by a reader of the first message with that
+-- id: a sequence's advance is WAL-logged ahead of the sends that use it, so
+-- after an asynchronous standby is promoted, the ids of the sends it never
+-- received are handed out again, and an unfenced ack retried across that
+-- failover would remove the new message. Locked and removed as delete does.
+-- The worker acks this way (docs/deploy.md, "HA and failover").
+CREATE OR REPLACE FUNCTION pgqueue.delete(queue_name text, msg_ids bigint[], enqueued_ats timestamptz[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(delete.queue_name);
+    v_tids tid[];
+BEGIN
+    PERFORM pgqueue._require_pairs(delete.msg_ids, delete.enqueued_ats);
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.enqueued_at = u.at
+                   FOR UPDATE)
+          FROM (SELECT DISTINCT i, e FROM unnest(delete.msg_ids, delete.enqueued_ats) AS x (i, e)
+                 ORDER BY i) AS u (id, at));
+    RETURN QUERY
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids) RETURNING m.msg_id;
+END
+$$;
+
+-- Acks many messages by archiving them, fenced by enqueued_at as the
+-- delete above.
+CREATE OR REPLACE FUNCTION pgqueue.archive(queue_name text, msg_ids bigint[], enqueued_ats timestamptz[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(archive.queue_name);
+    v_tids tid[];
+BEGIN
+    PERFORM pgqueue._require_pairs(archive.msg_ids, archive.enqueued_ats);
+    v_tids := ARRAY(
+        SELECT (SELECT m.ctid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.enqueued_at = u.at
+                   FOR UPDATE)
+          FROM (SELECT DISTINCT i, e FROM unnest(archive.msg_ids, archive.enqueued_ats) AS x (i, e)
+                 ORDER BY i) AS u (id, at));
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
+        RETURNING m.*
+    ), kept AS (
+        INSERT INTO pgqueue.archive (queue_id, msg_id, read_ct, enqueued_at, vt, message, headers, last_read_at)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, g.vt, g.message, g.headers, g.last_read_at
+          FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k;
+END
+$$;
+
+-- set_vt for the holder of the lease that read_ct names: extend it, or nack
+-- (vt > 0) or release (vt = 0) it. No row when that lease is not the current
+-- one (another reader took the message over, or it is gone).
+CREATE OR REPLACE FUNCTION pgqueue.set_vt(queue_name text, msg_id bigint, vt integer, last_error text, read_ct integer)
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    PERFORM pgqueue._require_read_ct(set_vt.read_ct);
+    q := pgqueue._queue(set_vt.queue_name);
+    RETURN QUERY
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt),
+           last_error = coalesce(pgqueue._clip_error(set_vt.last_error), last_error)
+     WHERE queue_id = q.queue_id AND msg_id = set_vt.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = set_vt.read_ct
+    RETURNING msg_id, read_ct, enqueued_at, vt, message, headers;
+END
+$$;
+
+-- set_vt for many leases at once, each for the holder of the lease its
+-- read_ct names (msg_ids and read_cts pair up by position): what a worker
+-- gives back when it stops with messages prefetched, in one statement instead
+-- of one per message. The rows changed; none for a lease taken over or gone.
+-- Locked in msg_id order by primary-key probes, then changed by ctid, the
+-- plan 0010 fixed for every list of ids.
+CREATE OR REPLACE FUNCTION pgqueue.set_vt(queue_name text, msg_ids bigint[], vt integer, read_cts integer[])
+RETURNS SETOF pgqueue.message_record
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_tids tid[];
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', set_vt.vt);
+    IF set_vt.msg_ids IS NULL OR set_vt.read_cts IS NULL
+       OR cardinality(set_vt.msg_ids) <> cardinality(set_vt.read_cts) THEN
+        RAISE EXCEPTION 'msg_ids and read_cts must be given, with the same length' USING ERRCODE = '22023';
+    END IF;
+    IF array_position(set_vt.read_cts, NULL) IS NOT NULL THEN
+        PERFORM pgqueue._require_read_ct(NULL);
+    END IF;
+    q := pgqueue._queue(set_vt.queue_name);
+    v_tids := ARRAY(
+        SELECT t.tid FROM (
+            SELECT (SELECT m.ctid FROM pgqueue.message m
+                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
+                       FOR UPDATE) AS tid
+              FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
+                      FROM unnest(set_vt.msg_ids, set_vt.read_cts) AS x (msg_id, read_ct)
+                     ORDER BY x.msg_id) AS l) AS t
+         WHERE t.tid IS NOT NULL);
+    RETURN QUERY
+    UPDATE pgqueue.message m
+       SET vt = clock_timestamp() + make_interval(secs => set_vt.vt)
+     WHERE m.ctid = ANY (v_tids)
+    RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.vt, m.message, m.headers;
+END
+$$;
+
+-- The heartbeat of a worker: extend many leases in one statement, each for
+-- the holder of the lease its read_ct names, and never wait for a row lock.
+-- A row another transaction has locked (the worker's own ack still running,
+-- a reader taking the message over) is skipped: it comes back with extended
+-- false, to be tried again; while it is locked nobody else can read it. A
+-- lease taken over or gone gives no row. Waiting there instead held a
+-- worker's every other heartbeat for as long as one slow ack ran, and the
+-- leases behind it ran out.
+CREATE OR REPLACE FUNCTION pgqueue.extend_leases(queue_name text, msg_ids bigint[], read_cts integer[], vt integer)
+RETURNS TABLE (msg_id bigint, extended boolean)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_tids tid[];
+    v_done bigint[];
+BEGIN
+    PERFORM pgqueue._require_nonnegative('vt', extend_leases.vt);
+    IF extend_leases.msg_ids IS NULL OR extend_leases.read_cts IS NULL
+       OR cardinality(extend_leases.msg_ids) <> cardinality(extend_leases.read_cts) THEN
+        RAISE EXCEPTION 'msg_ids and read_cts must be given, with the same length' USING ERRCODE = '22023';
+    END IF;
+    IF array_position(extend_leases.read_cts, NULL) IS NOT NULL THEN
+        PERFORM pgqueue._require_read_ct(NULL);
+    END IF;
+    q := pgqueue._queue(extend_leases.queue_name);
+    v_tids := ARRAY(
+        SELECT t.tid FROM (
+            SELECT (SELECT m.ctid FROM pgqueue.message m
+                     WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
+                       FOR UPDATE SKIP LOCKED) AS tid
+              FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
+                      FROM unnest(extend_leases.msg_ids, extend_leases.read_cts) AS x (msg_id, read_ct)
+                     ORDER BY x.msg_id) AS l) AS t
+         WHERE t.tid IS NOT NULL);
+    WITH moved AS (
+        UPDATE pgqueue.message m
+           SET vt = clock_timestamp() + make_interval(secs => extend_leases.vt)
+         WHERE m.ctid = ANY (v_tids)
+        RETURNING m.msg_id
+    )
+    SELECT coalesce(array_agg(moved.msg_id), '{}') INTO v_done FROM moved;
+    RETURN QUERY SELECT d.id, true FROM unnest(v_done) AS d (id);
+    -- Not locked by us: still the same lease (so locked by another), or gone.
+    RETURN QUERY
+    SELECT l.msg_id, false
+      FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
+              FROM unnest(extend_leases.msg_ids, extend_leases.read_cts) AS x (msg_id, read_ct)
+             ORDER BY x.msg_id) AS l
+     WHERE l.msg_id <> ALL (v_done)
+       -- a probe by key per id (a scalar subquery with LIMIT is not turned
+       -- into a join over the queue's messages)
+       AND (SELECT 1 FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
+             LIMIT 1) IS NOT NULL;
+END
+$$;
+
+-- The nack of a consumer whose handler failed, for the holder of the lease
+-- that read_ct names: 'retry' when the message is visible again after `delay`
+-- seconds; 'poisoned' when that was its last attempt (read_ct has reached the
+-- queue's max_attempts), so it went to the poison table now, with the error,
+-- rather than at the next read; NULL when that lease is not the current one
+-- (nothing changed).
+CREATE OR REPLACE FUNCTION pgqueue.nack(queue_name text, msg_id bigint, read_ct integer, delay integer,
+                             last_error text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    v_error text := pgqueue._clip_error(nack.last_error);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('delay', nack.delay);
+    PERFORM pgqueue._require_read_ct(nack.read_ct);
+    q := pgqueue._queue(nack.queue_name);
+    IF nack.read_ct >= q.max_attempts THEN
+        WITH gone AS (
+            DELETE FROM pgqueue.message
+             WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = nack.read_ct
+            RETURNING *
+        )
+        INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers,
+                                    dedupe_key, group_key)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at,
+               pgqueue._exhausted_reason(g.read_ct, coalesce(v_error, g.last_error)),
+               g.message, g.headers, g.dedupe_key, g.group_key
+          FROM gone g;
+        RETURN CASE WHEN FOUND THEN 'poisoned' END;
+    END IF;
+    UPDATE pgqueue.message
+       SET vt = clock_timestamp() + make_interval(secs => nack.delay),
+           last_error = coalesce(v_error, last_error)
+     WHERE queue_id = q.queue_id AND msg_id = nack.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = nack.read_ct;
+    RETURN CASE WHEN FOUND THEN 'retry' END;
+END
+$$;
+
+-- Locks, until the caller's transaction ends, the messages whose current
+-- lease is the one each read_ct names; their ids. A caller that commits its
+-- own writes with the ack calls it first in that transaction and rolls back
+-- when a message is missing: its lease was taken over (or the message acked),
+-- so the writes are another run's to commit. Locked rows cannot be read,
+-- changed or acked by anyone else until then.
+CREATE OR REPLACE FUNCTION pgqueue.hold_leases(queue_name text, msg_ids bigint[], read_cts integer[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(hold_leases.queue_name);
+BEGIN
+    IF hold_leases.msg_ids IS NULL OR hold_leases.read_cts IS NULL
+       OR cardinality(hold_leases.msg_ids) <> cardinality(hold_leases.read_cts) THEN
+        RAISE EXCEPTION 'msg_ids and read_cts must be given, with the same length' USING ERRCODE = '22023';
+    END IF;
+    -- One primary-key probe per lease, in msg_id order; a lease taken over
+    -- (read_ct moved on) fails the probe's recheck and is not held.
+    RETURN QUERY
+    SELECT h.id FROM (
+        SELECT (SELECT m.msg_id FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = l.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.read_ct = l.read_ct
+                   FOR UPDATE) AS id
+          FROM (SELECT DISTINCT ON (x.msg_id) x.msg_id, x.read_ct
+                  FROM unnest(hold_leases.msg_ids, hold_leases.read_cts) AS x (msg_id, read_ct)
+                 ORDER BY x.msg_id) AS l) AS h
+     WHERE h.id IS NOT NULL;
+END
+$$;
+
+-- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
+-- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
+-- a notice for each. The read lanes, the floors and the late sweep are the
+-- header of sql/schema/reads.sql. The rows a round locks carry their ctids,
+-- and the lease (or the pop's delete, or the poison drop) finds them by those.
+--
+-- Groups. A message with a group_key is in neither lane: only the head of its
+-- group (its lowest live msg_id) can be handed out, and only while that head
+-- is visible. So at most one message of a group is leased at any time (a
+-- group's later messages wait until its head is acked, popped or poisoned),
+-- and a group is delivered in msg_id order, redeliveries and poison drops
+-- included; sends of a group draw their msg_ids in commit order (_lock_groups).
+-- The heads are found by a skip scan of message_group_idx (one probe per
+-- group), only for queues that ever had a group (queue.has_groups), and
+-- compete with the lanes' rows by (vt, msg_id).
+--
+-- conditional (the pgmq facade's filtered read): only messages whose payload
+-- contains it (@>). Such a read takes some rows and leaves others, so it
+-- starts from the safe floors and neither sweeps nor moves a floor.
+--
+-- A read in a transaction that wrote before it moves no fast floor: rows its
+-- own writes hid from it (deleted, or leased and then given back) come back
+-- when it rolls back, and the next read must find them at once, not at the
+-- next sweep. Rolled-back leases of other transactions are the sweep's.
+CREATE OR REPLACE FUNCTION pgqueue._take(q pgqueue.queue, vt_seconds integer, qty integer, remove boolean,
+                              conditional jsonb DEFAULT NULL)
+RETURNS SETOF pgqueue.taken_record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- How far behind now a fast floor stays when the first row a read locked
+    -- in its lane is younger than that (or it locked none): writes that commit
+    -- within this long after their statement began are found by every read;
+    -- later ones by the late sweep.
+    c_margin_f constant interval := interval '50 milliseconds';
+    c_margin_t constant interval := interval '10 milliseconds';
+    s_fast_f_id regclass;
+    s_mark_f regclass;
+    s_mark_f_id regclass;
+    s_fast_t regclass;
+    s_safe_f_id regclass;
+    s_smark_f regclass;
+    s_smark_f_id regclass;
+    s_safe_t regclass;
+    s_sweep regclass;
+    s_server regclass;
+    v_server bigint;
+    v_here bigint := pgqueue._ts_us(pg_postmaster_start_time());
+    v_new_f bigint;
+    v_new_t bigint;
+    v_set_t boolean := false;
+    v_mark boolean := false;
+    v_start timestamptz := clock_timestamp();
+    -- a read in a transaction that has written may not see rows its own
+    -- writes hid (a delete it may roll back): it moves no fast floor
+    v_wrote boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
+    v_now timestamptz;
+    v_leased_at timestamptz;
+    v_left integer := qty;
+    v_ok bigint[];
+    v_ok_tids tid[];
+    v_exhausted_tids tid[];
+    v_handed bigint[] := '{}';
+    v_fast_f_id bigint;
+    v_mark_f bigint;
+    v_mark_f_id bigint;
+    v_fast_t bigint;
+    v_safe_f_id bigint;
+    v_smark_f bigint;
+    v_smark_f_id bigint;
+    v_safe_t bigint;
+    v_next_sweep bigint;
+    v_lo_f_id bigint;
+    v_lo_t timestamptz;
+    v_sweep boolean;
+    -- when the sweep's scans were done (the first round's): what follows may
+    -- wait on locks (a barrier's row, when a member goes), which is no sweep's cost
+    v_swept timestamptz;
+    v_raise boolean := false;
+    v_first_f_id bigint;
+    v_first_t timestamptz;
+    v_locked_f timestamptz;
+    v_locked_f_id bigint;
+    v_locked_t timestamptz;
+    v_round_f timestamptz;
+    v_round_f_id bigint;
+    v_round_t timestamptz;
+    v_listed boolean := false;
+    v_any_listed boolean;
+    v_round_listed boolean;
+    v_writer timestamptz;
+    v_new bigint;
+    v_dropped record;
+BEGIN
+    IF qty <= 0 THEN
+        RETURN;
+    END IF;
+    -- The lanes' sequences, as the queue's row lists them (by name for a row
+    -- without the list).
+    IF q.lane_seqs IS NULL THEN
+        q.lane_seqs := pgqueue._lane_seq_list(q.queue_id);
+    END IF;
+    s_fast_f_id := q.lane_seqs[1];
+    s_mark_f := q.lane_seqs[2];
+    s_fast_t := q.lane_seqs[3];
+    s_safe_f_id := q.lane_seqs[4];
+    s_safe_t := q.lane_seqs[5];
+    s_sweep := q.lane_seqs[6];
+    s_server := q.lane_seqs[7];
+    s_mark_f_id := q.lane_seqs[8];
+    s_smark_f := q.lane_seqs[9];
+    s_smark_f_id := q.lane_seqs[10];
+    -- One statement, read in this order: each watermark's msg_id before its
+    -- time (_mark); and whether any row of the queue is listed for a recheck.
+    SELECT coalesce(pg_sequence_last_value(s_fast_f_id), 1),
+           coalesce(pg_sequence_last_value(s_mark_f_id), 1), coalesce(pg_sequence_last_value(s_mark_f), 1),
+           coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f_id), 1),
+           coalesce(pg_sequence_last_value(s_smark_f_id), 1), coalesce(pg_sequence_last_value(s_smark_f), 1),
+           coalesce(pg_sequence_last_value(s_safe_t), 1), coalesce(pg_sequence_last_value(s_sweep), 1),
+           coalesce(pg_sequence_last_value(s_server), 0),
+           EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id)
+      INTO v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_f_id, v_smark_f_id, v_smark_f, v_safe_t,
+           v_next_sweep, v_server, v_any_listed;
+
+    -- A clock that went back (an NTP step, a failover to a server whose clock
+    -- is behind): every time floor and watermark was set at or below the time
+    -- of the read that set it, so one above our start means rows written from
+    -- now on may lie below it. Start the lanes over from the bottom and sweep now; this
+    -- read's sweep then sets the safe floors from the clock as it is.
+    -- The same when the floors were set on another server, or before this one
+    -- restarted (its start time differs): after a failover to a clock behind,
+    -- sends may have landed below the floors before this first read, with the
+    -- clock caught up by now (tests/sql/test_read_lanes.py).
+    IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)
+       OR v_server <> v_here THEN
+        IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t) THEN
+            RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
+                v_start, pgqueue._us_ts(greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)), q.queue_name;
+        END IF;
+        PERFORM setval(s_fast_f_id, 1), setval(s_mark_f, 1), setval(s_fast_t, 1), setval(s_safe_f_id, 1),
+                setval(s_smark_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
+        v_fast_f_id := 1;
+        v_mark_f := 1;
+        v_fast_t := 1;
+        v_safe_f_id := 1;
+        v_smark_f := 1;
+        v_safe_t := 1;
+        v_next_sweep := 1;
+    END IF;
+
+    v_sweep := conditional IS NULL AND pgqueue._ts_us(v_start) >= v_next_sweep;
+    IF v_sweep THEN
+        -- Only a read with a fresh snapshot that cannot see uncommitted writes
+        -- of its own may raise the safe floors (checked before our setval,
+        -- which takes a transaction id).
+        v_raise := pg_current_xact_id_if_assigned() IS NULL
+                   AND current_setting('transaction_isolation') = 'read committed';
+        PERFORM setval(s_sweep, pgqueue._ts_us(v_start + interval '1 second'));
+        v_lo_f_id := v_safe_f_id;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
+        IF v_raise THEN
+            v_writer := pgqueue._oldest_writer();
+            -- Plain reads: a row being leased by a transaction still in
+            -- progress shows its old version here, and holds the floor.
+            SELECT m.msg_id INTO v_first_f_id FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+               AND m.msg_id >= v_lo_f_id
+             ORDER BY m.msg_id LIMIT 1;
+            SELECT m.vt INTO v_first_t FROM pgqueue.message m
+             WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+               AND m.vt >= v_lo_t AND m.vt <= v_start
+             ORDER BY m.vt, m.msg_id LIMIT 1;
+            -- nothing visible lies below those rows: the read starts there
+            -- (a row committed since is above the safe floors raised below;
+            -- with no fresh row visible, the fresh lane from its fast floor)
+            v_lo_f_id := coalesce(v_first_f_id, greatest(v_fast_f_id, v_safe_f_id));
+            v_lo_t := coalesce(v_first_t, v_start);
+        END IF;
+    ELSIF conditional IS NOT NULL THEN
+        v_lo_f_id := v_safe_f_id;
+        v_lo_t := pgqueue._us_ts(v_safe_t);
+    ELSE
+        v_lo_f_id := v_fast_f_id;
+        v_lo_t := pgqueue._us_ts(v_fast_t);
+    END IF;
+
+    -- Rows are locked by the read (SKIP LOCKED), so two readers never get the
+    -- same message; rows past max_attempts go to the poison table in the
+    -- transaction that would have delivered them again; the batch is refilled
+    -- for the places they left; no message is handed out twice in one call.
+    -- The fresh lane gives its first rows in msg_id order, the timed lane and
+    -- the listed rows theirs in (vt, msg_id) order, and the batch is the first
+    -- of them all in (vt, msg_id) order.
+    LOOP
+        v_now := clock_timestamp();
+        IF NOT q.has_groups AND NOT v_any_listed THEN
+            -- The common round: a queue without groups, nothing listed. The
+            -- lanes alone, in one statement of few plan nodes (starting the
+            -- executor on the full statement below was the largest part of a
+            -- one-message read). n ranks the rows of both lanes by (vt,
+            -- msg_id), as the batch is chosen; the lanes are disjoint, so no
+            -- row comes twice.
+            SELECT (array_agg(u.vt ORDER BY u.msg_id) FILTER (WHERE u.fresh))[1],
+                   min(u.msg_id) FILTER (WHERE u.fresh),
+                   min(u.vt) FILTER (WHERE NOT u.fresh), false,
+                   coalesce(array_agg(u.msg_id) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct < q.max_attempts), '{}'),
+                   coalesce(array_agg(u.tid) FILTER (WHERE u.n <= v_left AND u.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids
+              FROM (SELECT x.*, row_number() OVER (ORDER BY x.vt, x.msg_id) AS n
+                      FROM (SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, true AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at
+                                AND m.group_key IS NULL
+                                AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
+                              ORDER BY m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) f
+                            UNION ALL
+                            SELECT * FROM (SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid, false AS fresh FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at)
+                                AND m.group_key IS NULL
+                                AND m.vt >= v_lo_t AND m.vt <= v_now
+                                AND m.msg_id <> ALL (v_handed)
+                                AND (conditional IS NULL OR m.message @> conditional)
+                              ORDER BY m.vt, m.msg_id
+                              LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) t) x) u;
+        ELSE
+            WITH RECURSIVE f AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                   AND m.msg_id >= v_lo_f_id AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), t AS (
+                SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND (m.read_ct <> 0 OR m.vt > m.enqueued_at) AND m.group_key IS NULL
+                   AND m.vt >= v_lo_t AND m.vt <= v_now
+                   AND m.msg_id <> ALL (v_handed)
+                   AND (conditional IS NULL OR m.message @> conditional)
+                 ORDER BY m.vt, m.msg_id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED
+            ), gk AS (
+                -- the queue's groups, one index probe each (a skip scan)
+                (SELECT m.group_key FROM pgqueue.message m
+                  WHERE q.has_groups AND m.queue_id = q.queue_id AND m.group_key IS NOT NULL
+                  ORDER BY m.group_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT m.group_key FROM pgqueue.message m
+                         WHERE m.queue_id = q.queue_id AND m.group_key > gk.group_key
+                         ORDER BY m.group_key LIMIT 1)
+                  FROM gk WHERE gk.group_key IS NOT NULL
+            ), heads AS MATERIALIZED (
+                -- each group's head, when visible: the candidates, earliest first
+                SELECT hd.msg_id, hd.vt FROM gk
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.group_key = gk.group_key
+                        ORDER BY m.group_key, m.msg_id LIMIT 1) hd
+                 WHERE gk.group_key IS NOT NULL AND hd.vt <= v_now AND hd.msg_id <> ALL (v_handed)
+                 ORDER BY hd.vt, hd.msg_id
+            ), g AS (
+                -- locked one by one in that order, until enough are (LIMIT stops
+                -- the nested loop: no head past those is locked)
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM heads h
+                 CROSS JOIN LATERAL (
+                       SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                        WHERE m.queue_id = q.queue_id AND m.msg_id = h.msg_id AND m.vt <= v_now
+                          AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                          AND (conditional IS NULL OR m.message @> conditional)
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) x
+                 LIMIT v_left
+            ), listed AS (
+                SELECT r.msg_id FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id
+            ), l AS (
+                -- From the listings to the messages, one probe by primary key each
+                -- (LATERAL with LIMIT: the planner cannot turn it into a scan of
+                -- the queue's messages joined to the listings).
+                SELECT x.msg_id, x.vt, x.read_ct, x.tid
+                  FROM listed r
+                 CROSS JOIN LATERAL (
+                       SELECT * FROM (
+                           SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                            WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                              AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                              AND (conditional IS NULL OR m.message @> conditional)
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) xf
+                       UNION ALL
+                       SELECT * FROM (
+                           SELECT m.msg_id, m.vt, m.read_ct, m.ctid AS tid FROM pgqueue.message m
+                            WHERE m.queue_id = q.queue_id AND m.msg_id = r.msg_id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                              AND m.vt <= v_now AND m.msg_id <> ALL (v_handed) AND m.group_key IS NULL
+                              AND (conditional IS NULL OR m.message @> conditional)
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) xr
+                       LIMIT 1) x
+                 ORDER BY x.vt, x.msg_id
+                 LIMIT v_left
+            ), c AS (
+                SELECT DISTINCT ON (u.msg_id) u.msg_id, u.vt, u.read_ct, u.tid
+                  FROM (SELECT * FROM f UNION ALL SELECT * FROM t UNION ALL SELECT * FROM l
+                        UNION ALL SELECT * FROM g) u
+            ), b AS (
+                SELECT * FROM c ORDER BY c.vt, c.msg_id LIMIT v_left
+            ), f1 AS (
+                SELECT f.vt, f.msg_id FROM f ORDER BY f.msg_id LIMIT 1
+            )
+            SELECT (SELECT f1.vt FROM f1), (SELECT f1.msg_id FROM f1), (SELECT min(t.vt) FROM t),
+                   EXISTS (SELECT 1 FROM listed),
+                   coalesce((SELECT array_agg(b.msg_id) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct < q.max_attempts), '{}'),
+                   coalesce((SELECT array_agg(b.tid) FROM b WHERE b.read_ct >= q.max_attempts), '{}')
+              INTO v_round_f, v_round_f_id, v_round_t, v_round_listed, v_ok, v_ok_tids, v_exhausted_tids;
+        END IF;
+        IF v_sweep AND v_swept IS NULL THEN
+            v_swept := clock_timestamp();
+        END IF;
+        -- the first row locked in each lane over all rounds
+        IF v_round_f_id < v_locked_f_id OR (v_locked_f_id IS NULL AND v_round_f_id IS NOT NULL) THEN
+            v_locked_f := v_round_f;
+            v_locked_f_id := v_round_f_id;
+        END IF;
+        v_locked_t := least(v_locked_t, v_round_t);
+        v_listed := v_listed OR v_round_listed;
+
+        IF cardinality(v_exhausted_tids) > 0 THEN
+            -- One notice per message dropped, so the caller can log it: the
+            -- rows a read returns are only the ones it delivered.
+            FOR v_dropped IN
+                WITH gone AS (
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_exhausted_tids)
+                    RETURNING *
+                )
+                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                            reason, message, headers, dedupe_key, group_key)
+                SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
+                       pgqueue._exhausted_reason(g.read_ct, g.last_error),
+                       g.message, g.headers, g.dedupe_key, g.group_key
+                  FROM gone g
+                RETURNING msg_id, read_ct, reason
+            LOOP
+                PERFORM pgqueue._notice_poisoned(q.queue_name, v_dropped.msg_id, v_dropped.read_ct,
+                                                 v_dropped.reason);
+            END LOOP;
+            PERFORM set_config('pgqueue.read_poisoned', 'on', true);
+        END IF;
+
+        IF cardinality(v_ok) > 0 THEN
+            IF remove THEN
+                RETURN QUERY
+                WITH taken AS (
+                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_ok_tids)
+                    RETURNING msg_id, read_ct + 1 AS read_ct, enqueued_at, last_read_at, vt, message, headers
+                )
+                SELECT * FROM taken t ORDER BY t.msg_id;
+            ELSE
+                -- the lease starts now, when the rows are ours: not at v_now,
+                -- before the statement that picked them was planned and ran
+                v_leased_at := clock_timestamp();
+                RETURN QUERY
+                WITH leased AS (
+                    UPDATE pgqueue.message
+                       SET vt = v_leased_at + make_interval(secs => vt_seconds), read_ct = read_ct + 1,
+                           last_read_at = v_leased_at
+                     WHERE ctid = ANY (v_ok_tids)
+                    RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
+                )
+                SELECT * FROM leased l ORDER BY l.msg_id;
+            END IF;
+            v_left := v_left - cardinality(v_ok);
+            v_handed := v_handed || v_ok;
+        END IF;
+        EXIT WHEN cardinality(v_exhausted_tids) = 0 OR v_left <= 0;
+    END LOOP;
+
+    -- Listed rows that are gone, taken or not due need no listing any more
+    -- (rows we took: if this transaction rolls back, so does this delete).
+    IF v_listed THEN
+        DELETE FROM pgqueue.recheck r
+         WHERE r.queue_id = q.queue_id
+           AND r.msg_id IN (
+               SELECT x.msg_id FROM pgqueue.recheck x
+                WHERE x.queue_id = q.queue_id
+                  -- a probe of each half of the key per listing (a scalar
+                  -- subquery with LIMIT is not turned into a join over the
+                  -- queue's messages); the version this statement sees is in
+                  -- one of them
+                  AND (SELECT 1 FROM pgqueue.message m
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                        LIMIT 1) IS NULL
+                  AND (SELECT 1 FROM pgqueue.message m
+                        WHERE m.queue_id = x.queue_id AND m.msg_id = x.msg_id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                          AND m.vt <= v_now AND m.msg_id <> ALL (v_handed)
+                        LIMIT 1) IS NULL
+                  FOR UPDATE SKIP LOCKED);
+    END IF;
+
+    -- Fast floors, a matter of speed only (the late sweep finds what they
+    -- pass over). Only raised here (a sweep lowers them to rows it finds
+    -- below them, see below); an empty read moves them only by whole seconds
+    -- (setval takes a transaction id, and its commit then a WAL flush).
+    -- The fresh lane's: to the first row this read locked there, when that
+    -- row is older than the margin (every lower msg_id was drawn before it);
+    -- else up to the fast watermark, once that is older than the margin, but
+    -- never past that row; a watermark used (or none) is recorded anew. So a
+    -- send that commits within the margin of drawing its msg_id is found by
+    -- every read. The timed lane's: the first row locked there, or the margin.
+    IF conditional IS NULL AND NOT v_wrote THEN
+        IF v_locked_f IS NOT NULL AND v_locked_f < v_start - c_margin_f THEN
+            v_new_f := v_locked_f_id;
+        ELSIF v_mark_f > 1 AND v_mark_f < pgqueue._ts_us(v_start - c_margin_f)
+              AND (v_locked_f IS NOT NULL OR cardinality(v_handed) > 0
+                   OR v_mark_f < pgqueue._ts_us(v_start) - 1000000) THEN
+            v_new_f := least(v_mark_f_id, v_locked_f_id);
+            v_mark := true;
+        END IF;
+        v_mark := v_mark OR v_mark_f <= 1;
+        v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
+        v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
+                                           OR v_new_t > v_fast_t + 1000000);
+        IF v_new_f > v_fast_f_id OR v_set_t THEN
+            PERFORM CASE WHEN v_new_f > v_fast_f_id THEN setval(s_fast_f_id, v_new_f) END,
+                    CASE WHEN v_set_t THEN setval(s_fast_t, v_new_t) END;
+        END IF;
+        IF v_mark THEN
+            PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_mark_f, s_mark_f_id);
+        END IF;
+    END IF;
+
+    IF v_sweep THEN
+        -- Rows the sweep found below a fast floor (a transaction that committed
+        -- many rows late, a bulk load): bring the fast floor down to them, so
+        -- that every read takes them, not one sweep a second.
+        v_new_f := least(v_first_f_id, v_locked_f_id);
+        IF v_new_f < v_fast_f_id THEN
+            PERFORM setval(s_fast_f_id, greatest(v_new_f, 1));
+        END IF;
+        v_new_t := pgqueue._ts_us(least(v_first_t, v_locked_t)) - 1;
+        IF v_new_t < v_fast_t THEN
+            PERFORM setval(s_fast_t, greatest(v_new_t, 1));
+        END IF;
+        IF v_raise THEN
+            -- The fresh lane's safe floor: up to the safe watermark, once every
+            -- msg_id below it was drawn a second before the oldest writer
+            -- began (a writer's msg_ids are drawn after that), never past the
+            -- first fresh row visible; then a new watermark.
+            IF v_smark_f > 1 AND v_smark_f < pgqueue._ts_us(least(v_start, v_writer) - interval '1 second') THEN
+                v_new := least(v_smark_f_id, v_first_f_id);
+                IF v_new > v_safe_f_id THEN
+                    PERFORM setval(s_safe_f_id, v_new);
+                END IF;
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
+            ELSIF v_smark_f <= 1 THEN
+                PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
+            END IF;
+            v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
+                                          v_first_t)) - 1;
+            IF v_new > v_safe_t THEN
+                PERFORM setval(s_safe_t, v_new);
+            END IF;
+        END IF;
+        -- a slow sweep spaces out the next ones: sweeps take at most ~5% of
+        -- reads; what it waited for after its scans does not count
+        PERFORM setval(s_sweep, pgqueue._ts_us(clock_timestamp()
+                       + greatest(interval '1 second', 20 * (coalesce(v_swept, clock_timestamp()) - v_start))));
+    END IF;
+END
+$$;
+
+-- Cancels the pending members of a barrier (its row locked by the caller)
+-- that are not under a live lease (never read, or visible again): their
+-- messages leave the queue and they count as cancelled. Rows another
+-- transaction holds right now are skipped rather than waited for (they are
+-- being acked, nacked or read, and waiting could close a lock cycle). How
+-- many it cancelled.
+CREATE OR REPLACE FUNCTION pgqueue._cancel_pending(p_barrier_id text) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_member_tids tid[];
+    v_message_tids tid[];
+    v_n integer;
+BEGIN
+    SELECT coalesce(array_agg(c.member_tid), '{}'), coalesce(array_agg(c.message_tid), '{}')
+      INTO v_member_tids, v_message_tids
+      FROM (SELECT bm.ctid AS member_tid, m.ctid AS message_tid
+              FROM pgqueue.barrier_member bm
+              JOIN pgqueue.message m ON m.queue_id = bm.queue_id AND m.msg_id = bm.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+             WHERE bm.barrier_id = p_barrier_id AND bm.outcome IS NULL
+               AND (m.read_ct = 0 OR m.vt <= v_now)
+               FOR UPDATE OF bm, m SKIP LOCKED) c;
+    UPDATE pgqueue.barrier_member m
+       SET outcome = 'cancelled', completed_at = v_now
+     WHERE m.ctid = ANY (v_member_tids) AND m.outcome IS NULL;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- counted above: the trigger leaves them alone
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_message_tids);
+    UPDATE pgqueue.barrier x
+       SET cancelled = x.cancelled + v_n, remaining = x.remaining - v_n
+     WHERE x.barrier_id = p_barrier_id;
+    RETURN v_n;
+END
+$$;
+
+-- complete_members with read_cts: an entry with a read_ct acts only while
+-- that read still holds the message's lease (else it is left alone: not
+-- counted, not acked); an entry without one acts unfenced. Meant for
+-- failures ('failed' speaks for one attempt, and the current holder may
+-- still succeed); a success may go unfenced. The statuses returned are those
+-- of the barriers of the entries that acted.
+-- complete_members with enqueued_ats: an entry with one is left alone while
+-- a live message holds its msg_id with another enqueued_at (an id handed out
+-- again after an asynchronous standby was promoted; see delete(text,
+-- bigint[], timestamptz[])). With the message gone, its member was counted
+-- when it went, and completing it again changes nothing.
+CREATE OR REPLACE FUNCTION pgqueue.complete_members(
+    queue_name text,
+    msg_ids bigint[],
+    outcomes text[] DEFAULT NULL,
+    results jsonb[] DEFAULT NULL,
+    read_cts integer[] DEFAULT NULL,
+    traceparents text[] DEFAULT NULL,
+    enqueued_ats timestamptz[] DEFAULT NULL
+) RETURNS SETOF pgqueue.barrier_status
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(complete_members.queue_name);
+    v_ids bigint[] := complete_members.msg_ids;
+    v_n integer := cardinality(complete_members.msg_ids);
+    v_outcomes text[];
+    v_results jsonb[];
+    v_traces text[];
+    v_read_cts integer[] := complete_members.read_cts;
+    v_tids tid[];
+    v_bad text;
+BEGIN
+    IF complete_members.msg_ids IS NULL THEN
+        RAISE EXCEPTION 'msg_ids must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    v_outcomes := coalesce(complete_members.outcomes, array_fill('succeeded'::text, ARRAY[v_n]));
+    v_results := coalesce(complete_members.results, array_fill(NULL::jsonb, ARRAY[v_n]));
+    v_traces := coalesce(complete_members.traceparents, array_fill(NULL::text, ARRAY[v_n]));
+    IF cardinality(v_outcomes) <> v_n OR cardinality(v_results) <> v_n
+       OR cardinality(complete_members.read_cts) <> v_n OR cardinality(v_traces) <> v_n
+       OR cardinality(complete_members.enqueued_ats) <> v_n THEN
+        RAISE EXCEPTION 'msg_ids, outcomes, results, read_cts, traceparents and enqueued_ats must have the same length'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM pgqueue._require_traceparent('traceparents[' || t.i || ']', t.tp)
+       FROM unnest(complete_members.traceparents) WITH ORDINALITY AS t (tp, i) WHERE t.tp IS NOT NULL;
+    SELECT o INTO v_bad FROM unnest(v_outcomes) o WHERE o IS NULL OR o NOT IN ('succeeded', 'failed') LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'outcome must be ''succeeded'' or ''failed'', got %', quote_nullable(v_bad)
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- Lock order everywhere is message rows, then member rows, then barrier
+    -- rows (a reader that poison-drops a member holds its message row when its
+    -- trigger reaches the barrier), so take the message rows first, in
+    -- msg_id order, one primary-key probe each.
+    PERFORM (SELECT 1 FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) FOR UPDATE)
+       FROM (SELECT DISTINCT i FROM unnest(v_ids) AS i ORDER BY i) AS u (id);
+    IF complete_members.enqueued_ats IS NOT NULL THEN
+        -- The rows are locked: what this sees holds until we commit.
+        SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.outcome ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.result ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.tp ORDER BY u.ord), '{}'),
+               CASE WHEN complete_members.read_cts IS NOT NULL
+                    THEN coalesce(array_agg(u.read_ct ORDER BY u.ord), '{}') END
+          INTO v_ids, v_outcomes, v_results, v_traces, v_read_cts
+          FROM unnest(v_ids, v_outcomes, v_results, v_traces, complete_members.enqueued_ats,
+                      coalesce(complete_members.read_cts, array_fill(NULL::integer, ARRAY[v_n])))
+               WITH ORDINALITY AS u (msg_id, outcome, result, tp, enqueued_at, read_ct, ord)
+         WHERE u.enqueued_at IS NULL
+            OR (SELECT 1 FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+                   AND m.enqueued_at <> u.enqueued_at
+                 LIMIT 1) IS NULL;
+        v_n := cardinality(v_ids);
+        IF v_n = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF v_read_cts IS NOT NULL THEN
+        -- The rows are locked: what this sees holds until we commit.
+        SELECT coalesce(array_agg(u.msg_id ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.outcome ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.result ORDER BY u.ord), '{}'),
+               coalesce(array_agg(u.tp ORDER BY u.ord), '{}')
+          INTO v_ids, v_outcomes, v_results, v_traces
+          FROM unnest(v_ids, v_outcomes, v_results, v_read_cts, v_traces)
+               WITH ORDINALITY AS u (msg_id, outcome, result, read_ct, tp, ord)
+         WHERE u.read_ct IS NULL
+            OR (SELECT m.read_ct FROM pgqueue.message m
+                 WHERE m.queue_id = q.queue_id AND m.msg_id = u.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)) = u.read_ct;
+        v_n := cardinality(v_ids);
+        IF v_n = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- Count the outcomes, then ack: the ack's trigger finds the members
+    -- counted and leaves them alone.
+    PERFORM pgqueue._complete(array_fill(q.queue_id, ARRAY[v_n]), v_ids, v_outcomes, v_results,
+                              v_traces);
+    v_tids := ARRAY(SELECT (SELECT m.ctid FROM pgqueue.message m
+                             WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key))
+                      FROM unnest(v_ids) AS u (id));
+    DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids);
+
+    RETURN QUERY
+    SELECT s.* FROM (SELECT DISTINCT x.barrier_id
+                       FROM unnest(v_ids) AS u (id)
+                      CROSS JOIN LATERAL (SELECT bm.barrier_id FROM pgqueue.barrier_member bm
+                                           WHERE bm.queue_id = q.queue_id AND bm.msg_id = u.id
+                                           LIMIT 1) x) d,
+           LATERAL pgqueue._barrier_status(d.barrier_id) s
+     ORDER BY s.barrier_id;
+END
+$$;
+
+-- The members a barrier still waits on, by member index after after_index,
+-- with the live message each is (NULL columns when the message is gone but
+-- its completion is not yet counted): what a stuck fan-out waits for.
+CREATE OR REPLACE FUNCTION pgqueue.barrier_pending(barrier_id text, qty integer DEFAULT 100,
+                                        after_index integer DEFAULT -1)
+RETURNS TABLE (
+    member_index integer,
+    queue_name text,
+    msg_id bigint,
+    read_ct integer,
+    enqueued_at timestamptz,
+    vt timestamptz,
+    last_error text
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgqueue._barrier_or_raise(barrier_pending.barrier_id);
+    PERFORM pgqueue._require_nonnegative('qty', barrier_pending.qty);
+    RETURN QUERY
+    SELECT b.member_index, q.queue_name, b.msg_id, m.read_ct, m.enqueued_at, m.vt, m.last_error
+      FROM pgqueue.barrier_member b
+      JOIN pgqueue.queue q ON q.queue_id = b.queue_id
+      LEFT JOIN pgqueue.message m ON m.queue_id = b.queue_id AND m.msg_id = b.msg_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+     WHERE b.barrier_id = barrier_pending.barrier_id
+       AND b.member_index > coalesce(barrier_pending.after_index, -1)
+       AND b.outcome IS NULL
+     ORDER BY b.member_index
+     LIMIT barrier_pending.qty;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.poison(queue_name text, msg_id bigint, reason text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison.queue_name);
+BEGIN
+    IF poison.reason IS NULL OR poison.reason = '' THEN
+        RAISE EXCEPTION 'reason must not be empty' USING ERRCODE = '22023',
+            HINT = 'Say why the message is poisoned: operators read it in pgqueue.poison_list().';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pgqueue.message WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key)
+        RETURNING *
+    )
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,
+                                group_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key,
+           g.group_key
+      FROM gone g;
+    RETURN FOUND;
+END
+$$;
+
+-- Poison for the holder of the lease that read_ct names; false when that lease
+-- is not the current one (nothing changes then).
+CREATE OR REPLACE FUNCTION pgqueue.poison(queue_name text, msg_id bigint, reason text, read_ct integer) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(poison.queue_name);
+BEGIN
+    PERFORM pgqueue._require_read_ct(poison.read_ct);
+    IF poison.reason IS NULL OR poison.reason = '' THEN
+        RAISE EXCEPTION 'reason must not be empty' USING ERRCODE = '22023',
+            HINT = 'Say why the message is poisoned: operators read it in pgqueue.poison_list().';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pgqueue.message
+         WHERE queue_id = q.queue_id AND msg_id = poison.msg_id AND pgqueue._keyed(read_ct, vt, enqueued_at, group_key) AND read_ct = poison.read_ct
+        RETURNING *
+    )
+    INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, reason, message, headers, dedupe_key,
+                                group_key)
+    SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, poison.reason, g.message, g.headers, g.dedupe_key,
+           g.group_key
+      FROM gone g;
+    RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue._metrics(q pgqueue.queue)
+RETURNS SETOF pgqueue.queue_metrics
+LANGUAGE sql AS $$
+    SELECT q.queue_name,
+           live.n,
+           live.visible,
+           extract(epoch FROM (clock_timestamp() - live.oldest))::integer,
+           extract(epoch FROM (clock_timestamp() - live.newest))::integer,
+           coalesce(pg_sequence_last_value(q.msg_seq), 0),
+           (SELECT count(*) FROM pgqueue.poison p WHERE p.queue_id = q.queue_id),
+           clock_timestamp()
+      FROM (SELECT count(*) AS n,
+                   count(*) FILTER (WHERE m.vt <= clock_timestamp()) AS visible,
+                   min(m.enqueued_at) AS oldest,
+                   max(m.enqueued_at) AS newest
+              FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)) live;
+$$;
+
+-- Live messages in msg_id order, visible or not, after `after_msg_id`; a plain
+-- read: it takes no locks that a consumer would wait on and changes nothing.
+CREATE OR REPLACE FUNCTION pgqueue.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0)
+RETURNS SETOF pgqueue.peek_record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(peek.queue_name);
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', peek.qty);
+    RETURN QUERY
+    -- each half of the key in msg_id order, merged (the version this
+    -- statement sees of a message is in one of them)
+    SELECT x.msg_id, x.read_ct, x.enqueued_at, x.vt, x.message, x.headers, x.dedupe_key, x.last_error
+      FROM ((SELECT m.* FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0) AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+              ORDER BY m.msg_id LIMIT peek.qty)
+            UNION ALL
+            (SELECT m.* FROM pgqueue.message m
+              WHERE m.queue_id = q.queue_id AND m.msg_id > coalesce(peek.after_msg_id, 0) AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+              ORDER BY m.msg_id LIMIT peek.qty)) x
+     ORDER BY x.msg_id
+     LIMIT peek.qty;
+END
+$$;
+
+-- send under a dedupe_key, saying whether this call sent: (msg_id, sent).
+-- sent is true when this call (or an earlier attempt of it, with the same
+-- send_token, whose commit reply was lost) inserted the message, live or
+-- consumed since; false when an unfinished message sent by someone else holds
+-- the key (msg_id is then that message's, and nothing was inserted). Without a
+-- send_token the call makes one, so a single call still knows what it did.
+CREATE OR REPLACE FUNCTION pgqueue.send_keyed(
+    queue_name text,
+    message jsonb,
+    dedupe_key text,
+    headers jsonb DEFAULT NULL,
+    delay integer DEFAULT 0,
+    send_token uuid DEFAULT NULL,
+    traceparent text DEFAULT NULL,
+    tracestate text DEFAULT NULL
+) RETURNS TABLE (msg_id bigint, sent boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_token uuid := coalesce(send_keyed.send_token, gen_random_uuid());
+    v_id bigint;
+BEGIN
+    IF send_keyed.dedupe_key IS NULL THEN
+        RAISE EXCEPTION 'dedupe_key must not be NULL' USING ERRCODE = '22004',
+            HINT = 'Use send() for a message without a key.';
+    END IF;
+    v_id := pgqueue.send(send_keyed.queue_name, send_keyed.message, send_keyed.headers,
+                         send_keyed.delay, send_keyed.dedupe_key, v_token,
+                         send_keyed.traceparent, send_keyed.tracestate);
+    RETURN QUERY
+    SELECT v_id,
+           (SELECT 1 FROM pgqueue.message m
+             WHERE m.queue_id = (pgqueue._queue(send_keyed.queue_name)).queue_id
+               AND m.msg_id = v_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key) AND m.send_token = v_token
+             LIMIT 1) IS NOT NULL
+           OR EXISTS (SELECT FROM pgqueue.send_receipt r
+                       WHERE r.send_token = v_token AND r.msg_id = v_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.purge_queue(queue_name text) RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    q pgqueue.queue := pgqueue._queue(queue_name);
+    n bigint;
+BEGIN
+    -- Members are counted as purged in the statement that deletes them.
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    RETURN n;
+END
+$$;
+
+-- Deletes up to qty live messages with msg_id <= up_to_msg_id, oldest first;
+-- how many. Barrier members removed this way count as purged (failed), as
+-- with purge_queue. Call until it returns 0: the bound keeps a purge from
+-- chasing messages sent after it started.
+CREATE OR REPLACE FUNCTION pgqueue.purge_queue_chunk(queue_name text, up_to_msg_id bigint, qty integer)
+RETURNS bigint
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue := pgqueue._queue(purge_queue_chunk.queue_name);
+    v_ids bigint[];
+    v_tids tid[];
+    n bigint;
+BEGIN
+    PERFORM pgqueue._require_nonnegative('qty', purge_queue_chunk.qty);
+    -- The oldest qty, in msg_id order along each half of the key, then
+    -- locked one by one in that order. A message whose lease committed while
+    -- this waited for it moved to the other half, where its probe does not
+    -- look: it is left for the next round, which runs at once when nothing
+    -- was locked, so that 0 means none is left.
+    LOOP
+        v_ids := ARRAY(SELECT x.msg_id
+                         FROM ((SELECT m.msg_id FROM pgqueue.message m
+                                 WHERE m.queue_id = q.queue_id AND m.msg_id <= purge_queue_chunk.up_to_msg_id
+                                   AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                                 ORDER BY m.msg_id LIMIT purge_queue_chunk.qty)
+                               UNION ALL
+                               (SELECT m.msg_id FROM pgqueue.message m
+                                 WHERE m.queue_id = q.queue_id AND m.msg_id <= purge_queue_chunk.up_to_msg_id
+                                   AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                                 ORDER BY m.msg_id LIMIT purge_queue_chunk.qty)) x
+                        ORDER BY x.msg_id
+                        LIMIT purge_queue_chunk.qty);
+        EXIT WHEN cardinality(v_ids) = 0;
+        v_tids := array_remove(ARRAY(
+            SELECT coalesce((SELECT m.ctid FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL
+                                FOR UPDATE),
+                            (SELECT m.ctid FROM pgqueue.message m
+                              WHERE m.queue_id = q.queue_id AND m.msg_id = u.id AND (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE
+                                FOR UPDATE))
+              FROM unnest(v_ids) AS u (id) ORDER BY u.id), NULL);
+        EXIT WHEN cardinality(v_tids) > 0;
+    END LOOP;
+    -- Members are counted as purged in the statement that deletes them.
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.ctid = ANY (v_tids)
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.drop_queue(queue_name text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queue;
+    n bigint;
+BEGIN
+    -- the name as given, or the queue a PGMQ client means by it (as _queue)
+    SELECT * INTO q FROM pgqueue.queue
+     WHERE queue_name IN (drop_queue.queue_name, pgqueue._queue_name_for(drop_queue.queue_name))
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgqueue._before_drop(q);
+    -- Drop the sequence first: nextval holds a lock on it until the sending
+    -- transaction ends, so this waits for in-flight sends to commit (their rows
+    -- are then deleted below, not left behind without a queue), and a send that
+    -- starts later fails instead of writing an orphan row.
+    EXECUTE format('DROP SEQUENCE %s', q.msg_seq);
+    -- Members are counted as purged in the statement that deletes them.
+    WITH gone AS (
+        DELETE FROM pgqueue.message m WHERE m.queue_id = q.queue_id AND pgqueue._keyed(m.read_ct, m.vt, m.enqueued_at, m.group_key)
+        RETURNING m.msg_id, m.member_of
+    ), agg AS (
+        SELECT count(*) AS n, array_agg(g.msg_id) FILTER (WHERE g.member_of IS NOT NULL) AS members
+          FROM gone g
+    )
+    SELECT agg.n INTO n FROM agg, LATERAL pgqueue._count_purged(q.queue_id, agg.members) AS c;
+    DELETE FROM pgqueue.archive WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.poison WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.send_receipt WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.waiter WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.recheck WHERE queue_id = q.queue_id;
+    DELETE FROM pgqueue.queue WHERE queue_id = q.queue_id;
+    PERFORM pgqueue._lane_seqs(q.queue_id, false);
+    RETURN true;
+END
+$$;
+
+SELECT pgqueue.grant_roles();
