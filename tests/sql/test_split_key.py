@@ -10,6 +10,7 @@ advisory lock and gives it back within the call).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -93,7 +94,7 @@ def test_a_read_in_a_prepared_transaction_commits_prepared(own_cluster: Any) -> 
             rows = conn.execute("SELECT msg_id FROM pgqueue.read(%s, 30, 1)", (QUEUE,)).fetchall()
             assert rows == [(msg_id,)]
             (marked,) = conn.execute(
-                "SELECT last_value IS NOT NULL FROM pgqueue.lane_1_mark_f_id"
+                "SELECT pg_sequence_last_value('pgqueue.lane_1_mark_f_id') IS NOT NULL"
             ).fetchone()  # type: ignore[misc]
             assert marked, "the read recorded the queue's first watermark"
             conn.execute("PREPARE TRANSACTION 'read_then_prepare'")
@@ -116,3 +117,74 @@ def test_no_advisory_lock_outlives_a_read(sql: psycopg.Connection[Any], qty: int
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
     ).fetchone()
     assert held == (0,)
+
+
+def test_a_watermark_writer_stalled_with_the_lock_slows_the_fresh_floors_and_loses_nothing(
+    dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """A process stopped (SIGSTOP) inside _mark holds its queue's watermark lock: no read
+    records a watermark while it does, so the fresh floors only move to rows older than the
+    margin. Messages are still all delivered, once; once the lock is free the floors
+    move by watermarks again."""
+    sql.execute("SELECT pgqueue.create_queue(%s)", (QUEUE,))
+    (qid,) = sql.execute(
+        "SELECT queue_id FROM pgqueue.queue WHERE queue_name = %s", (QUEUE,)
+    ).fetchone()  # type: ignore[misc]
+    sent: list[int] = []
+    got: list[int] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    sent.extend(
+                        r[0]
+                        for r in conn.execute(
+                            "SELECT pgqueue.send_batch(%s, array_fill('1'::jsonb, ARRAY[5]))",
+                            (QUEUE,),
+                        )
+                    )
+        except BaseException as exc:
+            errors.append(exc)
+
+    def consume(qty: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set() or len(got) < len(sent):
+                    ids = [
+                        r[0]
+                        for r in conn.execute(
+                            "SELECT msg_id FROM pgqueue.read(%s, 30, %s)", (QUEUE, qty)
+                        )
+                    ]
+                    if ids:
+                        conn.execute("SELECT pgqueue.delete(%s, %s::bigint[])", (QUEUE, ids))
+                        got.extend(ids)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with psycopg.connect(dsn, autocommit=True) as stalled:
+        stalled.execute("SELECT pg_advisory_lock(pgqueue._mark_lock_key(%s))", (qid,))
+        threads = [threading.Thread(target=produce, daemon=True)] + [
+            threading.Thread(target=consume, args=(q,), daemon=True) for q in (1, 10)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        (mark,) = sql.execute(
+            f"SELECT pg_sequence_last_value('pgqueue.lane_{qid}_mark_f_id')"
+        ).fetchone()  # type: ignore[misc]
+        assert mark is None, "no watermark recorded while the lock was held"
+        stalled.execute("SELECT pg_advisory_unlock(pgqueue._mark_lock_key(%s))", (qid,))
+        time.sleep(1)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[0]
+    assert sorted(got) == sorted(sent) and len(sent) > 100
+    (mark,) = sql.execute(
+        f"SELECT pg_sequence_last_value('pgqueue.lane_{qid}_mark_f_id')"
+    ).fetchone()  # type: ignore[misc]
+    assert mark is not None, "watermarks are recorded again once the lock is free"
