@@ -858,19 +858,23 @@ BEGIN
            v_next_sweep, v_server, v_any_listed;
 
     -- A clock that went back (an NTP step, a failover to a server whose clock
-    -- is behind): every time floor and watermark was set at or below the time
+    -- is behind): every time floor was set at least a margin below the start
     -- of the read that set it, so one above our start means rows written from
-    -- now on may lie below it. Start the lanes over from the bottom and sweep now; this
+    -- now on may lie below it. Not the watermarks: a watermark's time is the
+    -- clock's when a read recorded it, so a read that began a moment before
+    -- sees it ahead of its own start with no clock gone back. A watermark more
+    -- than a second ahead is recorded anew instead (below); until then it is
+    -- only not used. Start the lanes over from the bottom and sweep now; this
     -- read's sweep then sets the safe floors from the clock as it is.
     -- The same when the floors were set on another server, or before this one
     -- restarted (its start time differs): after a failover to a clock behind,
     -- sends may have landed below the floors before this first read, with the
     -- clock caught up by now (tests/sql/test_read_lanes.py).
-    IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)
+    IF pgqueue._ts_us(v_start) < greatest(v_fast_t, v_safe_t)
        OR v_server <> v_here THEN
-        IF pgqueue._ts_us(v_start) < greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t) THEN
+        IF pgqueue._ts_us(v_start) < greatest(v_fast_t, v_safe_t) THEN
             RAISE LOG 'pgqueue: the clock of the server went back (read at %, lane floors up to %); queue % reads its lanes from the bottom',
-                v_start, pgqueue._us_ts(greatest(v_mark_f, v_fast_t, v_smark_f, v_safe_t)), q.queue_name;
+                v_start, pgqueue._us_ts(greatest(v_fast_t, v_safe_t)), q.queue_name;
         END IF;
         PERFORM setval(s_fast_f_id, 1), setval(s_mark_f, 1), setval(s_fast_t, 1), setval(s_safe_f_id, 1),
                 setval(s_smark_f, 1), setval(s_safe_t, 1), setval(s_server, v_here);
@@ -1159,7 +1163,8 @@ BEGIN
             v_new_f := least(v_mark_f_id, v_locked_f_id);
             v_mark := true;
         END IF;
-        v_mark := v_mark OR v_mark_f <= 1;
+        -- none yet, or one ahead of the clock (the clock went back): anew
+        v_mark := v_mark OR v_mark_f <= 1 OR v_mark_f > pgqueue._ts_us(v_start) + 1000000;
         v_new_t := pgqueue._ts_us(least(v_locked_t, v_start - c_margin_t)) - 1;
         v_set_t := v_new_t > v_fast_t AND (v_locked_t IS NOT NULL OR cardinality(v_handed) > 0
                                            OR v_new_t > v_fast_t + 1000000);
@@ -1195,7 +1200,8 @@ BEGIN
                     PERFORM setval(s_safe_f_id, v_new);
                 END IF;
                 PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
-            ELSIF v_smark_f <= 1 THEN
+            ELSIF v_smark_f <= 1 OR v_smark_f > pgqueue._ts_us(v_start) + 1000000 THEN
+                -- none yet, or one ahead of the clock (the clock went back)
                 PERFORM pgqueue._mark(q.queue_id, q.msg_seq, s_smark_f, s_smark_f_id);
             END IF;
             v_new := pgqueue._ts_us(least(v_start - interval '1 second', v_writer - interval '1 second',
@@ -1298,7 +1304,7 @@ BEGIN
     END IF;
     v_start_us := (extract(epoch FROM v_start) * 1000000)::bigint;
     IF qty IS DISTINCT FROM 1 OR conditional IS NOT NULL OR v_odd OR v_listed OR v_start_us >= v_sweep
-       OR v_start_us < greatest(v_mark_f, v_fast_t, v_safe_t)
+       OR v_start_us < greatest(v_fast_t, v_safe_t)
        OR v_server <> (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
        OR pg_current_xact_id_if_assigned() IS NOT NULL THEN
         SELECT * INTO q FROM pgqueue.queue t WHERE t.queue_id = v_queue_id;
@@ -1363,8 +1369,8 @@ BEGIN
     -- lane's): the fresh floor to the first fresh row locked when that is
     -- older than the margin, else up to the fast watermark once that is older
     -- than the margin, never past that row, and a new watermark (the first,
-    -- when there is none); the timed floor behind the first timed row locked
-    -- and the margin.
+    -- when there is none, and one anew when it is ahead of the clock); the
+    -- timed floor behind the first timed row locked and the margin.
     IF v_f_vt < v_start - interval '50 milliseconds' THEN
         IF v_f_id > v_fast_f_id + 8 THEN
             PERFORM setval(v_seqs[1], v_f_id);
@@ -1376,7 +1382,8 @@ BEGIN
             PERFORM setval(v_seqs[1], v_new_f);
         END IF;
         PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
-    ELSIF v_mark_f <= 1 THEN
+    ELSIF v_mark_f <= 1 OR v_mark_f > v_start_us + 1000000 THEN
+        -- none yet, or one ahead of the clock (the clock went back)
         PERFORM pgqueue._mark(v_queue_id, v_msg_seq, v_seqs[2], v_seqs[8]);
     END IF;
     IF v_t_vt < v_start - interval '10 milliseconds' THEN
