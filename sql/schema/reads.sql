@@ -845,16 +845,16 @@ BEGIN
     s_mark_f_id := q.lane_seqs[8];
     s_smark_f := q.lane_seqs[9];
     s_smark_f_id := q.lane_seqs[10];
-    -- One statement, read in this order: each watermark's msg_id before its
-    -- time (_mark); and whether any row of the queue is listed for a recheck.
+    -- One statement, read in this order: the fast watermark's msg_id before
+    -- its time (_mark); and whether any row of the queue is listed for a
+    -- recheck. (The safe watermark only when a sweep raises the floors.)
     SELECT coalesce(pg_sequence_last_value(s_fast_f_id), 1),
            coalesce(pg_sequence_last_value(s_mark_f_id), 1), coalesce(pg_sequence_last_value(s_mark_f), 1),
            coalesce(pg_sequence_last_value(s_fast_t), 1), coalesce(pg_sequence_last_value(s_safe_f_id), 1),
-           coalesce(pg_sequence_last_value(s_smark_f_id), 1), coalesce(pg_sequence_last_value(s_smark_f), 1),
            coalesce(pg_sequence_last_value(s_safe_t), 1), coalesce(pg_sequence_last_value(s_sweep), 1),
            coalesce(pg_sequence_last_value(s_server), 0),
            EXISTS (SELECT 1 FROM pgqueue.recheck r WHERE r.queue_id = q.queue_id)
-      INTO v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_f_id, v_smark_f_id, v_smark_f, v_safe_t,
+      INTO v_fast_f_id, v_mark_f_id, v_mark_f, v_fast_t, v_safe_f_id, v_safe_t,
            v_next_sweep, v_server, v_any_listed;
 
     -- A clock that went back (an NTP step, a failover to a server whose clock
@@ -882,7 +882,6 @@ BEGIN
         v_mark_f := 1;
         v_fast_t := 1;
         v_safe_f_id := 1;
-        v_smark_f := 1;
         v_safe_t := 1;
         v_next_sweep := 1;
     END IF;
@@ -1194,6 +1193,10 @@ BEGIN
             -- msg_id below it was drawn a second before the oldest writer
             -- began (a writer's msg_ids are drawn after that), never past the
             -- first fresh row visible; then a new watermark.
+            -- (its msg_id before its time, _mark; set to none just above when
+            -- the lanes started over)
+            SELECT coalesce(pg_sequence_last_value(s_smark_f_id), 1), coalesce(pg_sequence_last_value(s_smark_f), 1)
+              INTO v_smark_f_id, v_smark_f;
             IF v_smark_f > 1 AND v_smark_f < pgqueue._ts_us(least(v_start, v_writer) - interval '1 second') THEN
                 v_new := least(v_smark_f_id, v_first_f_id);
                 IF v_new > v_safe_f_id THEN
