@@ -28,7 +28,8 @@
 --     md5): the same PGMQ name always reaches the same queue, with no lookup.
 --     The name a queue was created with, where it differs from pgqueue's, is
 --     kept in pgmq.queue_name_map, so list_queues, metrics_all, pgmq.meta and
---     the views show PGMQ's names. PGMQ's own limits stay: 1 to 47
+--     the views show PGMQ's names, and a create refuses a second name that
+--     maps to the queue (pgmq._create). PGMQ's own limits stay: 1 to 47
 --     characters, none of $ ; -- ' (22023); a pgqueue queue of 48 is reached
 --     all the same, but not created through the facade.
 --   * Attempts. PGMQ never drops a message; a queue created here gets
@@ -327,15 +328,42 @@ SELECT pgmq._publish_view('meta');
 -- it, is left as it is (its max_attempts kept). A new one never poison-drops,
 -- as PGMQ never does: max_attempts = 2147483647. PGMQ's name of it is
 -- recorded first, where it differs, so its views are made with that name.
+--
+-- One pgqueue queue, one PGMQ name. pgmq._name keeps 8 hex digits of an md5,
+-- so two names PGMQ tells apart can map to one pgqueue queue (a pair is found
+-- in about 2^16 tries), and the second would be handed the first's messages:
+-- a name whose queue exists is refused (42P07), changing nothing, unless it
+-- is the name the queue holds, compared as PGMQ compares them (lowercased).
+-- A queue no name was recorded for (made by pgqueue.create_queue, moved by
+-- an import of some queues, or kept while the facade was uninstalled, which
+-- takes its names with it) is claimed by the first name created for it, and
+-- recorded: a reinstalled facade's clients (Celery's pidbox queues) find
+-- their queues again. The lock serializes the facade's creates and drops of
+-- one pgqueue queue, so of two names racing for it one wins, the other is
+-- told.
 CREATE FUNCTION pgmq._create(queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
     v_name text := pgmq._name(queue_name);
+    v_held text;  -- the PGMQ name recorded for the queue, if any
 BEGIN
     PERFORM pgmq.validate_queue_name(queue_name);
     PERFORM pgmq.acquire_queue_lock(v_name);
+    SELECT n.pgmq_name INTO v_held
+      FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name
+     WHERE q.queue_name = v_name;
+    IF NOT FOUND THEN
+        -- a name recorded by hand for a queue that does not exist names nothing
+        DELETE FROM pgmq.queue_name_map n WHERE n.queue_name = v_name;
+    ELSIF v_held IS NOT NULL AND lower(v_held) <> lower(_create.queue_name) THEN
+        RAISE EXCEPTION 'queue name % maps to pgqueue queue %, which holds PGMQ queue %: use another name',
+            quote_literal(_create.queue_name), quote_literal(v_name), quote_literal(v_held)
+            USING ERRCODE = '42P07',
+                  HINT = 'A name pgqueue cannot hold as it is maps to a queue named after 39 of its characters'
+                         ' and 8 hex digits of its md5, and two names can map to one (docs/pgmq.md).';
+    END IF;
     IF _create.queue_name <> v_name THEN
         INSERT INTO pgmq.queue_name_map (queue_name, pgmq_name) VALUES (v_name, _create.queue_name)
         ON CONFLICT ON CONSTRAINT queue_name_map_pkey DO NOTHING;
