@@ -34,6 +34,7 @@ from pgqueue._worker import App, Worker, WorkerSettings
 from pgqueue.types import (
     TRANSPORT_MARKER,
     BarrierStatus,
+    Callback,
     ClaimRecord,
     KeyedSend,
     MemberFailure,
@@ -47,6 +48,7 @@ from pgqueue.types import (
     QueueMinute,
     Step,
     StepStatus,
+    Undecodable,
     WorkerInfo,
     WorkflowStatus,
 )
@@ -59,6 +61,7 @@ __all__ = [
     "BarrierConflict",
     "BarrierNotFound",
     "BarrierStatus",
+    "Callback",
     "Claim",
     "ClaimRecord",
     "Client",
@@ -89,6 +92,7 @@ __all__ = [
     "StepStatus",
     "StorageError",
     "TransactionAborted",
+    "Undecodable",
     "Worker",
     "WorkerInfo",
     "WorkerSettings",

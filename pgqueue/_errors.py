@@ -29,7 +29,7 @@ SQLSTATES: dict[str, str] = {
     "PGQ11": "(a NOTICE, not an error) a read found its queue paused and returned nothing",
     "22004": "a required argument is NULL",
     "22023": "an argument is out of range or malformed (a negative vt, a bad queue name, ...)",
-    "55000": "a dedupe key could not be settled: it is being sent and acked continuously",
+    "55000": "a dedupe key (or a workflow's cancel) could not be settled: it kept changing hands",
     "55006": "a queue that open barriers call back into cannot be dropped",
 }
 
@@ -99,7 +99,7 @@ class QueueInUse(PgQueueError):
 
 
 class Contention(PgQueueError):
-    """A dedupe key kept changing hands while a send tried to settle it; send again."""
+    """A dedupe key (or a workflow being cancelled) kept changing hands; call again."""
 
     sqlstates = ("55000",)
 
@@ -221,10 +221,36 @@ class NotMigrated(PgQueueError):
         """Only when the missing object is pgqueue's (an application's own is not ours)."""
         if "pgqueue" not in str(exc):
             return None
+        wrong = _wrong_argument_types(primary)
+        if wrong is not None:
+            return wrong
         return cls(
             f"{primary}: the database is missing pgqueue's schema or a newer part of it;"
             " run `pgqueue migrate` (or Client.migrate()) against it"
         )
+
+
+# "function pgqueue.fan_out(unknown, ..., numeric) does not exist": the same
+# error a schema without that function raises. Every argument pgqueue's
+# Python API passes is checked first (int32, seconds), so a fractional number
+# reaching an API function means a caller of the SQL through the client's
+# connection (or a gap in those checks): say so, not "migrate".
+_NO_FUNCTION = re.compile(r"function pgqueue\.(\w+)\((.*)\) does not exist")
+_FRACTIONAL_TYPES = ("numeric", "double precision", "real")
+
+
+def _wrong_argument_types(primary: str) -> InvalidArgument | None:
+    """For an API function called with a fractional number where it takes a whole one."""
+    match = _NO_FUNCTION.fullmatch(primary)
+    if match is None or match.group(1) not in FUNCTION_ROLES:
+        return None
+    types = [t.strip() for t in match.group(2).split(",")]
+    if not any(t in _FRACTIONAL_TYPES for t in types):
+        return None
+    return InvalidArgument(
+        f"{primary}: pgqueue.{match.group(1)} takes whole numbers (durations in whole seconds)"
+        " where it was given a fractional one; pass an int, or a timedelta of whole seconds"
+    )
 
 
 class MigrationError(PgQueueError):

@@ -14,9 +14,10 @@ from typing import Any
 
 import structlog
 
-from pgqueue._calls import Call
+from pgqueue._calls import Call, seconds
 from pgqueue._calls.single_flight import claim, finish, release, renew
 from pgqueue._errors import PgQueueError
+from pgqueue.types import Duration
 
 log = structlog.get_logger("pgqueue")
 
@@ -37,12 +38,12 @@ class Claim:
     exception the claim is released, so another owner may run the work.
     """
 
-    def __init__(self, run: Runner, key: str, owner: str, lease_seconds: int) -> None:
+    def __init__(self, run: Runner, key: str, owner: str, lease_seconds: Duration) -> None:
         """Prepare a claim whose calls go through `run`; nothing happens until it is entered."""
         self._run = run
         self.key = key
         self.owner = owner
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = seconds("lease_seconds", lease_seconds)
         self.acquired = False
         self.finished = False
         self._lost = threading.Event()
@@ -103,12 +104,12 @@ class Claim:
 class AsyncClaim:
     """Claim's asyncio twin: `async with client.claim(key) as c:`; renews in a task."""
 
-    def __init__(self, run: AsyncRunner, key: str, owner: str, lease_seconds: int) -> None:
+    def __init__(self, run: AsyncRunner, key: str, owner: str, lease_seconds: Duration) -> None:
         """Prepare a claim whose calls go through `run`; nothing happens until it is entered."""
         self._run = run
         self.key = key
         self.owner = owner
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = seconds("lease_seconds", lease_seconds)
         self.acquired = False
         self.finished = False
         self.lost = False

@@ -7,26 +7,74 @@ talks to the database.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeAlias
 from uuid import UUID
 
 JSON = Any
 """A JSON value as Python holds it: dict, list, str, int, float, bool or None."""
 
-# Header keys a barrier writes; keys starting with RESERVED_PREFIX are
-# pgqueue's alone (send refuses them), so TRANSPORT_MARKER cannot be forged.
+Duration: TypeAlias = int | float | timedelta
+"""A duration in whole seconds: an int, a float with no fraction, or a timedelta."""
+
+# The one header rule (docs/security.md, "What a handler may trust"): every
+# key pgqueue writes starts with RESERVED_PREFIX, and no caller may write
+# such a key (every entry that takes headers refuses it, in SQL). So what a
+# handler reads from these keys was written by pgqueue, and the properties of
+# Message read nothing else; a key without the prefix is its producer's.
 RESERVED_PREFIX = "_pg_"
-TRANSPORT_MARKER = "_pg_transport"
-BARRIER_ID = "barrier_id"
-MEMBER_INDEX = "member_index"
-WORKFLOW_ID = "workflow_id"
-STEP = "step"
+TRANSPORT_MARKER = "_pg_transport"  # true on a callback: a barrier's or a workflow's
+CALLBACK = "_pg_callback"  # a callback's record: {"kind": "barrier" | "workflow", ...}
+MEMBER = "_pg_member"  # on a barrier member: {"barrier_id", "index"}
+STEP = "_pg_step"  # on a workflow step's message: {"workflow_id", "step"}
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """What a barrier's or a workflow's firing wrote on its callback; nothing a producer can write.
+
+    kind is "barrier" or "workflow". A barrier's: barrier_id, state
+    (succeeded, failed or timed_out), total and the counts, outcomes (the
+    count of every outcome). A workflow's: workflow_id, state (succeeded,
+    failed or cancelled) and steps (every step's state).
+    """
+
+    kind: str
+    state: str
+    barrier_id: str | None = None
+    workflow_id: str | None = None
+    total: int | None = None
+    succeeded: int | None = None
+    failed: int | None = None
+    cancelled: int | None = None
+    outcomes: dict[str, int] | None = None
+    steps: dict[str, str] | None = None
+
+
+def _record(headers: object, key: str) -> dict[str, Any]:
+    value = headers.get(key) if isinstance(headers, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _text(record: dict[str, Any], key: str) -> str | None:
+    value = record.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(record: dict[str, Any], key: str) -> int | None:
+    value = record.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A message as delivered: hidden from other readers until `vt`."""
+    """A message as delivered: hidden from other readers until `vt`.
+
+    Its properties (barrier_id, member_index, workflow_id, step,
+    is_callback, callback) read only the keys pgqueue writes, which no
+    producer can: a handler may trust them. Any other header is its
+    producer's to write.
+    """
 
     queue: str
     msg_id: int
@@ -36,37 +84,79 @@ class Message:
     message: JSON
     headers: dict[str, Any] | None
 
-    def _header(self, key: str) -> Any:
-        return self.headers.get(key) if isinstance(self.headers, dict) else None
+    @property
+    def caller_headers(self) -> dict[str, Any]:
+        """Its producer's headers, without pgqueue's `_pg_` keys: safe to pass on to a send."""
+        if not isinstance(self.headers, dict):
+            return {}
+        return {k: v for k, v in self.headers.items() if not k.startswith(RESERVED_PREFIX)}
 
     @property
     def barrier_id(self) -> str | None:
-        """The barrier this message is a member (or the callback) of, if any."""
-        value = self._header(BARRIER_ID)
-        return value if isinstance(value, str) else None
+        """The barrier this message is a member of, or the barrier callback it is; else None."""
+        member = _text(_record(self.headers, MEMBER), "barrier_id")
+        if member is not None:
+            return member
+        callback = _record(self.headers, CALLBACK) if self.is_callback else {}
+        return _text(callback, "barrier_id") if callback.get("kind") == "barrier" else None
 
     @property
     def member_index(self) -> int | None:
         """This member's position in its fan-out (0-based); None if not a member."""
-        value = self._header(MEMBER_INDEX)
-        return value if isinstance(value, int) else None
+        return _int(_record(self.headers, MEMBER), "index")
 
     @property
     def workflow_id(self) -> str | None:
-        """The workflow this message is a step of (or the final callback of), if any."""
-        value = self._header(WORKFLOW_ID)
-        return value if isinstance(value, str) else None
+        """The workflow this message is a step of, or the final callback of; else None."""
+        step = _text(_record(self.headers, STEP), "workflow_id")
+        if step is not None:
+            return step
+        callback = _record(self.headers, CALLBACK) if self.is_callback else {}
+        return _text(callback, "workflow_id") if callback.get("kind") == "workflow" else None
 
     @property
     def step(self) -> str | None:
-        """The workflow step this message belongs to; None if not a step."""
-        value = self._header(STEP)
-        return value if isinstance(value, str) else None
+        """The workflow step this message belongs to; None if not a step's."""
+        return _text(_record(self.headers, STEP), "step")
 
     @property
     def is_callback(self) -> bool:
-        """True when pgqueue's barrier sent this message (it carries the transport marker)."""
-        return self._header(TRANSPORT_MARKER) is True
+        """True when a barrier's or a workflow's firing sent this message (the transport marker)."""
+        return isinstance(self.headers, dict) and self.headers.get(TRANSPORT_MARKER) is True
+
+    @property
+    def callback(self) -> Callback | None:
+        """What the firing wrote on this callback; None for a message that is not a callback."""
+        record = _record(self.headers, CALLBACK) if self.is_callback else {}
+        kind, state = _text(record, "kind"), _text(record, "state")
+        if kind is None or state is None:
+            return None
+        outcomes, steps = record.get("outcomes"), record.get("steps")
+        return Callback(
+            kind=kind,
+            state=state,
+            barrier_id=_text(record, "barrier_id"),
+            workflow_id=_text(record, "workflow_id"),
+            total=_int(record, "total"),
+            succeeded=_int(record, "succeeded"),
+            failed=_int(record, "failed"),
+            cancelled=_int(record, "cancelled"),
+            outcomes=outcomes if isinstance(outcomes, dict) else None,
+            steps=steps if isinstance(steps, dict) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stored JSON document this Python cannot decode: the start of its text, and why.
+
+    Shown by the operator's views (peek, the poison table) in place of the
+    document; a read never hands one out (it poisons the message instead).
+    """
+
+    text: str  # the first characters of the document as the database prints it
+    chars: int  # the length of its whole text
+    error: str  # what the decoder said
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ the README and the benchmarks), models/ (hypothesis state machines), soak/
 test gets a database of its own: tests/support/db.py.
 """
 
-pytest_plugins = ["support.db", "support.processes", "support.pgmq"]
+pytest_plugins = ["support.db", "support.processes", "support.pgmq", "support.roles"]
 
 
 def pytest_xdist_auto_num_workers(config: object) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner, run_traces
 from pgqueue._calls import barrier as _barrier
-from pgqueue.types import JSON, BarrierStatus, MemberFailure, MemberResult
+from pgqueue.types import JSON, BarrierStatus, Duration, MemberFailure, MemberResult
 
 
 class BarrierApi(SyncRunner):
@@ -24,7 +24,7 @@ class BarrierApi(SyncRunner):
         callback_message: JSON,
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
-        deadline_seconds: int | None = None,
+        deadline_seconds: Duration | None = None,
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
@@ -69,7 +69,7 @@ class BarrierApi(SyncRunner):
         messages: Sequence[JSON] = (),
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
-        deadline_seconds: int | None = None,
+        deadline_seconds: Duration | None = None,
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
@@ -196,7 +196,7 @@ class AsyncBarrierApi(AsyncRunner):
         callback_message: JSON,
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
-        deadline_seconds: int | None = None,
+        deadline_seconds: Duration | None = None,
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,
@@ -241,7 +241,7 @@ class AsyncBarrierApi(AsyncRunner):
         messages: Sequence[JSON] = (),
         barrier_id: str | None = None,
         headers: dict[str, Any] | None = None,
-        deadline_seconds: int | None = None,
+        deadline_seconds: Duration | None = None,
         policy: str | None = None,
         max_failures: int | None = None,
         max_failure_ratio: float | None = None,

@@ -2,44 +2,124 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import psycopg
 import structlog
 
 from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
+from pgqueue._calls import Call
+from pgqueue._calls import poison as _poison
 from pgqueue._calls import queue as _queue
+from pgqueue._calls.queue import Leased, undecodable_part
 from pgqueue._connection import execute, execute_async
+from pgqueue._errors import PgQueueError
 from pgqueue._retry import is_dead_connection
-from pgqueue.types import Message
+from pgqueue.types import Duration, Message
 
 log = structlog.get_logger("pgqueue")
+
+
+def _undecodable(msg: Message, popped: bool) -> Call[bool] | None:
+    """Log a message this Python cannot decode; the fenced poison call for it (None if popped).
+
+    A read leased it: it goes to the poison table alone, now, with the
+    decoder's error as its reason (its document stays there whole), and the
+    rest of the read is handed out. A pop already deleted it: its text is in
+    the log line.
+    """
+    part, bad = undecodable_part(msg) or ("message", None)
+    error = bad.error if bad is not None else "unknown"
+    log.error(
+        "message.undecodable",
+        queue=msg.queue,
+        msg_id=msg.msg_id,
+        read_ct=msg.read_ct,
+        part=part,
+        error=error,
+        chars=bad.chars if bad is not None else None,
+        text=(bad.text if popped else bad.text[:200]) if bad is not None else None,
+        action="lost: it was popped" if popped else "poisoned",
+    )
+    if popped:
+        return None
+    reason = f"undecodable {part}: Python cannot decode it ({error}); its document is kept here"
+    return _poison.poison(msg.queue, msg.msg_id, reason, msg.read_ct)
+
+
+def handed_out(
+    got: Leased, run: Callable[[Call[bool]], bool], popped: bool = False
+) -> list[Message]:
+    """The messages a read hands out; the ones this Python cannot decode poisoned (by `run`)."""
+    for msg in got.undecodable:
+        call = _undecodable(msg, popped)
+        if call is not None:
+            try:
+                run(call)
+            except PgQueueError as exc:
+                # the rest of the read is handed out all the same; this one's
+                # lease runs out, and the next read of it tries again
+                log.error(
+                    "message.undecodable_not_poisoned",
+                    queue=msg.queue,
+                    msg_id=msg.msg_id,
+                    read_ct=msg.read_ct,
+                    error=str(exc),
+                )
+    return got.messages
+
+
+async def handed_out_async(
+    got: Leased, run: Callable[[Call[bool]], Awaitable[bool]], popped: bool = False
+) -> list[Message]:
+    """handed_out, for an asyncio client."""
+    for msg in got.undecodable:
+        call = _undecodable(msg, popped)
+        if call is not None:
+            try:
+                await run(call)
+            except PgQueueError as exc:
+                log.error(
+                    "message.undecodable_not_poisoned",
+                    queue=msg.queue,
+                    msg_id=msg.msg_id,
+                    read_ct=msg.read_ct,
+                    error=str(exc),
+                )
+    return got.messages
 
 
 class LeaseApi(SyncRunner):
     """Reads, acks and leases: the blocking methods."""
 
     def read(
-        self, queue: str, *, vt: int = 30, qty: int = 1, conn: ConnArg | None = None
+        self, queue: str, *, vt: Duration = 30, qty: int = 1, conn: ConnArg | None = None
     ) -> list[Message]:
-        """Lease up to qty messages for vt seconds; nobody else gets them inside that time."""
-        return self.run(_queue.read(queue, vt, qty), conn)
+        """Lease up to qty messages for vt seconds; nobody else gets them inside that time.
+
+        A message this Python cannot decode is not handed out: it is poisoned
+        now, alone, with the decoder's error as its reason, and logged.
+        """
+        return handed_out(self.run(_queue.read(queue, vt, qty), conn), lambda c: self.run(c, conn))
 
     def read_with_poll(
         self,
         queue: str,
         *,
-        vt: int = 30,
+        vt: Duration = 30,
         qty: int = 1,
-        max_poll_seconds: int = 5,
+        max_poll_seconds: Duration = 5,
         poll_interval_ms: int = 100,
     ) -> list[Message]:
         """Like read, waiting up to max_poll_seconds for something to arrive."""
-        return self.run(_queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms))
+        return handed_out(
+            self.run(_queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms)),
+            self.run,
+        )
 
     def read_or_wait(
-        self, queue: str, *, vt: int = 30, qty: int = 1, max_wait_seconds: float = 5.0
+        self, queue: str, *, vt: Duration = 30, qty: int = 1, max_wait_seconds: float = 5.0
     ) -> list[Message]:
         """Like read, but when the queue is empty wait (LISTEN) up to max_wait_seconds for a send.
 
@@ -55,7 +135,9 @@ class LeaseApi(SyncRunner):
                 execute(conn, _queue.listen(queue))
                 try:
                     # Sent between our first read and the listen: not announced to us.
-                    got = execute(conn, _queue.read(queue, vt, qty))
+                    got = handed_out(
+                        execute(conn, _queue.read(queue, vt, qty)), lambda c: execute(conn, c)
+                    )
                     if not got:
                         for _ in conn.notifies(timeout=max_wait_seconds, stop_after=1):
                             pass
@@ -72,8 +154,12 @@ class LeaseApi(SyncRunner):
         return got or self.read(queue, vt=vt, qty=qty)
 
     def pop(self, queue: str, *, qty: int = 1, conn: ConnArg | None = None) -> list[Message]:
-        """Take and delete up to qty messages at once (at-most-once delivery; never retried)."""
-        return self.run(_queue.pop(queue, qty), conn)
+        """Take and delete up to qty messages at once (at-most-once delivery; never retried).
+
+        A popped message this Python cannot decode is gone: it is left out,
+        and logged with its text (message.undecodable).
+        """
+        return handed_out(self.run(_queue.pop(queue, qty), conn), self.run, popped=True)
 
     def delete(self, queue: str, msg_id: int, *, conn: ConnArg | None = None) -> bool:
         """Ack by deleting; False if already acked. Idempotent, so retried freely."""
@@ -99,7 +185,7 @@ class LeaseApi(SyncRunner):
         self,
         queue: str,
         msg_id: int,
-        vt: int,
+        vt: Duration,
         *,
         read_ct: int | None = None,
         error: str | None = None,
@@ -121,7 +207,7 @@ class LeaseApi(SyncRunner):
         msg_id: int,
         *,
         read_ct: int,
-        delay: int,
+        delay: Duration,
         error: str | None = None,
         conn: ConnArg | None = None,
     ) -> str | None:
@@ -139,27 +225,36 @@ class AsyncLeaseApi(AsyncRunner):
     """Reads, acks and leases: the asyncio methods, with the same guarantees."""
 
     async def read(
-        self, queue: str, *, vt: int = 30, qty: int = 1, conn: AsyncConnArg | None = None
+        self, queue: str, *, vt: Duration = 30, qty: int = 1, conn: AsyncConnArg | None = None
     ) -> list[Message]:
-        """Lease up to qty messages for vt seconds; nobody else gets them inside that time."""
-        return await self.run(_queue.read(queue, vt, qty), conn)
+        """Lease up to qty messages for vt seconds; nobody else gets them inside that time.
+
+        A message this Python cannot decode is not handed out: it is poisoned
+        now, alone, with the decoder's error as its reason, and logged.
+        """
+        return await handed_out_async(
+            await self.run(_queue.read(queue, vt, qty), conn), lambda c: self.run(c, conn)
+        )
 
     async def read_with_poll(
         self,
         queue: str,
         *,
-        vt: int = 30,
+        vt: Duration = 30,
         qty: int = 1,
-        max_poll_seconds: int = 5,
+        max_poll_seconds: Duration = 5,
         poll_interval_ms: int = 100,
     ) -> list[Message]:
         """Like read, waiting up to max_poll_seconds for something to arrive."""
-        return await self.run(
-            _queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms)
+        return await handed_out_async(
+            await self.run(
+                _queue.read_with_poll(queue, vt, qty, max_poll_seconds, poll_interval_ms)
+            ),
+            self.run,
         )
 
     async def read_or_wait(
-        self, queue: str, *, vt: int = 30, qty: int = 1, max_wait_seconds: float = 5.0
+        self, queue: str, *, vt: Duration = 30, qty: int = 1, max_wait_seconds: float = 5.0
     ) -> list[Message]:
         """Like read, but when the queue is empty wait (LISTEN) up to max_wait_seconds for a send.
 
@@ -174,7 +269,10 @@ class AsyncLeaseApi(AsyncRunner):
             async with self.connection() as conn:
                 await execute_async(conn, _queue.listen(queue))
                 try:
-                    got = await execute_async(conn, _queue.read(queue, vt, qty))
+                    got = await handed_out_async(
+                        await execute_async(conn, _queue.read(queue, vt, qty)),
+                        lambda c: execute_async(conn, c),
+                    )
                     if not got:
                         async for _ in conn.notifies(timeout=max_wait_seconds, stop_after=1):
                             pass
@@ -190,8 +288,14 @@ class AsyncLeaseApi(AsyncRunner):
     async def pop(
         self, queue: str, *, qty: int = 1, conn: AsyncConnArg | None = None
     ) -> list[Message]:
-        """Take and delete up to qty messages at once (at-most-once delivery; never retried)."""
-        return await self.run(_queue.pop(queue, qty), conn)
+        """Take and delete up to qty messages at once (at-most-once delivery; never retried).
+
+        A popped message this Python cannot decode is gone: it is left out,
+        and logged with its text (message.undecodable).
+        """
+        return await handed_out_async(
+            await self.run(_queue.pop(queue, qty), conn), self.run, popped=True
+        )
 
     async def delete(self, queue: str, msg_id: int, *, conn: AsyncConnArg | None = None) -> bool:
         """Ack by deleting; False if already acked. Idempotent, so retried freely."""
@@ -217,7 +321,7 @@ class AsyncLeaseApi(AsyncRunner):
         self,
         queue: str,
         msg_id: int,
-        vt: int,
+        vt: Duration,
         *,
         read_ct: int | None = None,
         error: str | None = None,
@@ -239,7 +343,7 @@ class AsyncLeaseApi(AsyncRunner):
         msg_id: int,
         *,
         read_ct: int,
-        delay: int,
+        delay: Duration,
         error: str | None = None,
         conn: AsyncConnArg | None = None,
     ) -> str | None:

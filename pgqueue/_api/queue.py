@@ -8,7 +8,7 @@ from typing import Any
 from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import queue as _queue
-from pgqueue.types import JSON, KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
+from pgqueue.types import JSON, Duration, KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 
 def _one(msg_id: int) -> list[int]:
@@ -62,7 +62,7 @@ class QueueApi(SyncRunner):
         message: JSON,
         *,
         headers: dict[str, Any] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         dedupe_key: str | None = None,
         group: str | None = None,
         conn: ConnArg | None = None,
@@ -94,7 +94,7 @@ class QueueApi(SyncRunner):
         *,
         dedupe_key: str,
         headers: dict[str, Any] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         conn: ConnArg | None = None,
     ) -> KeyedSend:
         """send() with a dedupe_key that also says whether this call sent (sent=False: held).
@@ -115,7 +115,7 @@ class QueueApi(SyncRunner):
         messages: Sequence[JSON],
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         groups: Sequence[str | None] | None = None,
         conn: ConnArg | None = None,
     ) -> list[int]:
@@ -186,7 +186,7 @@ class AsyncQueueApi(AsyncRunner):
         message: JSON,
         *,
         headers: dict[str, Any] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         dedupe_key: str | None = None,
         group: str | None = None,
         conn: AsyncConnArg | None = None,
@@ -218,7 +218,7 @@ class AsyncQueueApi(AsyncRunner):
         *,
         dedupe_key: str,
         headers: dict[str, Any] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         conn: AsyncConnArg | None = None,
     ) -> KeyedSend:
         """send() with a dedupe_key that also says whether this call sent (sent=False: held).
@@ -239,7 +239,7 @@ class AsyncQueueApi(AsyncRunner):
         messages: Sequence[JSON],
         *,
         headers: Sequence[dict[str, Any] | None] | None = None,
-        delay: int = 0,
+        delay: Duration = 0,
         groups: Sequence[str | None] | None = None,
         conn: AsyncConnArg | None = None,
     ) -> list[int]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import single_flight as _single_flight
 from pgqueue._single_flight import AsyncClaim, Claim, default_owner
-from pgqueue.types import ClaimRecord
+from pgqueue.types import ClaimRecord, Duration
 
 
 class SingleFlightApi(SyncRunner):
     """Single flight: the blocking methods."""
 
-    def claim(self, key: str, *, owner: str | None = None, lease_seconds: int = 30) -> Claim:
+    def claim(self, key: str, *, owner: str | None = None, lease_seconds: Duration = 30) -> Claim:
         """A context manager holding `key` for one owner at a time, renewing its lease meanwhile.
 
         `with client.claim("orchestrate:A") as c:` then `c.acquired` says
@@ -24,7 +24,7 @@ class SingleFlightApi(SyncRunner):
         """The most recent claims and tombstones."""
         return self.run(_single_flight.list_claims(qty))
 
-    def purge_claims(self, *, older_than_seconds: int) -> int:
+    def purge_claims(self, *, older_than_seconds: Duration) -> int:
         """Delete tombstones older than that; how many."""
         return self.run(_single_flight.purge_claims(older_than_seconds))
 
@@ -32,7 +32,9 @@ class SingleFlightApi(SyncRunner):
 class AsyncSingleFlightApi(AsyncRunner):
     """Single flight: the asyncio methods, with the same guarantees."""
 
-    def claim(self, key: str, *, owner: str | None = None, lease_seconds: int = 30) -> AsyncClaim:
+    def claim(
+        self, key: str, *, owner: str | None = None, lease_seconds: Duration = 30
+    ) -> AsyncClaim:
         """An async context manager holding `key` for one owner at a time (see Client.claim)."""
         return AsyncClaim(self.run, key, owner or default_owner(), lease_seconds)
 
@@ -40,6 +42,6 @@ class AsyncSingleFlightApi(AsyncRunner):
         """The most recent claims and tombstones."""
         return await self.run(_single_flight.list_claims(qty))
 
-    async def purge_claims(self, *, older_than_seconds: int) -> int:
+    async def purge_claims(self, *, older_than_seconds: Duration) -> int:
         """Delete tombstones older than that; how many."""
         return await self.run(_single_flight.purge_claims(older_than_seconds))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from pgqueue._errors import InvalidArgument, InvalidMessage
+from pgqueue.types import Duration, Undecodable
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -72,7 +74,7 @@ def encode_json(value: Any, what: str) -> str:
     """Serialize a JSON value for a jsonb parameter, or raise InvalidMessage saying why not."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidMessage(
             f"{what} is not valid JSON: {exc}; pass dicts, lists, strings, numbers,"
             " booleans or None (no NaN/Infinity)"
@@ -120,3 +122,52 @@ def int32(name: str, value: int) -> int:
             f" in seconds), got {value}"
         )
     return value
+
+
+def seconds(name: str, value: Duration) -> int:
+    """A duration as whole seconds: an int, a whole float, or a timedelta of whole seconds.
+
+    Anything else is an InvalidArgument naming the argument: every duration
+    the API takes goes through here, so a float or a timedelta never reaches
+    the database as a type its functions do not take.
+    """
+    if isinstance(value, timedelta):
+        whole, rest = divmod(value, timedelta(seconds=1))
+        if rest:
+            raise InvalidArgument(f"{name} must be whole seconds, got {value!r} ({value})")
+        return int32(name, whole)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise InvalidArgument(f"{name} must be whole seconds, got {value!r}")
+        return int32(name, int(value))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"{name} must be a number of seconds (an int, a whole float or a timedelta),"
+            f" got {type(value).__name__} {value!r}"
+        )
+    return int32(name, value)
+
+
+def seconds_or_none(name: str, value: Duration | None) -> int | None:
+    """seconds(), with None passed through (no duration)."""
+    return None if value is None else seconds(name, value)
+
+
+# How much of an undecodable document's text is kept beside the error (the
+# whole document stays in the database).
+UNDECODABLE_TEXT_CHARS = 1000
+
+
+def decode_json(text: str | None) -> Any:
+    """A document as the database printed it, decoded; an Undecodable where this Python cannot.
+
+    Never raises for a document Postgres stored: one nested deeper than
+    Python's recursion allows, or holding an integer longer than its digit
+    limit, comes back as an Undecodable with the decoder's error.
+    """
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        return Undecodable(text[:UNDECODABLE_TEXT_CHARS], len(text), f"{type(exc).__name__}: {exc}")

@@ -16,11 +16,12 @@ from pgqueue._calls import (
     encode_json_list,
     int32,
     scalar,
+    seconds_or_none,
     with_trace,
 )
 from pgqueue._errors import InvalidArgument
 from pgqueue._tracing import Trace, without_trace_headers
-from pgqueue.types import BarrierStatus, MemberFailure, MemberResult
+from pgqueue.types import BarrierStatus, Duration, MemberFailure, MemberResult
 
 OUTCOMES = ("succeeded", "failed")
 POLICIES = ("wait_all", "fail_fast", "max_failures")
@@ -53,7 +54,7 @@ def fan_out(
     callback_message: Any,
     barrier_id: str | None,
     headers: dict[str, Any] | None = None,
-    deadline_seconds: int | None = None,
+    deadline_seconds: Duration | None = None,
     trace: Trace | None = None,
     policy: str | None = None,
     max_failures: int | None = None,
@@ -80,7 +81,7 @@ def fan_out(
             encode_json(callback_message, "callback_message"),
             barrier_id,
             None if headers is None else encode_json(headers, "headers"),
-            deadline_seconds,
+            seconds_or_none("deadline_seconds", deadline_seconds),
             *(policy_args if named else ()),
         ),
         scalar,
@@ -94,7 +95,7 @@ def open_barrier(
     callback_message: Any,
     barrier_id: str | None,
     headers: dict[str, Any] | None = None,
-    deadline_seconds: int | None = None,
+    deadline_seconds: Duration | None = None,
     messages: Sequence[Any] = (),
     trace: Trace | None = None,
     policy: str | None = None,
@@ -115,7 +116,7 @@ def open_barrier(
             encode_json(callback_message, "callback_message"),
             barrier_id,
             None if headers is None else encode_json(headers, "headers"),
-            deadline_seconds,
+            seconds_or_none("deadline_seconds", deadline_seconds),
             *_policy(policy, max_failures, max_failure_ratio),
             encode_json_list(messages, "messages"),
         ),
@@ -187,7 +188,7 @@ def barrier_links(barrier_id: str, qty: int) -> Call[list[tuple[int, int, str]]]
     return Call(
         "barrier_links",
         "SELECT member_index, msg_id, traceparent FROM pgqueue.barrier_links(%s, %s)",
-        (barrier_id, qty),
+        (barrier_id, int32("qty", qty)),
         lambda rows: [(int(r[0]), int(r[1]), str(r[2])) for r in rows],
     )
 
@@ -217,7 +218,7 @@ def barrier_failures(barrier_id: str, qty: int = 100) -> Call[list[MemberFailure
     return Call(
         "barrier_failures",
         "SELECT * FROM pgqueue.barrier_failures(%s, %s)",
-        (barrier_id, qty),
+        (barrier_id, int32("qty", qty)),
         lambda rows: [MemberFailure(*r) for r in rows],
     )
 
@@ -225,7 +226,10 @@ def barrier_failures(barrier_id: str, qty: int = 100) -> Call[list[MemberFailure
 def list_barriers(state: str | None = None, qty: int = 100) -> Call[list[BarrierStatus]]:
     """The newest barriers, optionally only those in one state."""
     return Call(
-        "list_barriers", "SELECT * FROM pgqueue.list_barriers(%s, %s)", (state, qty), _statuses
+        "list_barriers",
+        "SELECT * FROM pgqueue.list_barriers(%s, %s)",
+        (state, int32("qty", qty)),
+        _statuses,
     )
 
 

@@ -5,12 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from pgqueue._calls import Call, Row, column, scalar
+from pgqueue._calls import Call, Row, column, decode_json, int32, scalar
 from pgqueue.types import ANY_POISON, PoisonFilter, PoisonMessage
+
+# The documents as the database prints them, decoded one by one: a message
+# this Python cannot decode (the reason it was poisoned, often) is shown as
+# an Undecodable rather than failing the listing.
+_POISON = (
+    "queue_name, msg_id, read_ct, enqueued_at, poisoned_at, reason, message::text, headers::text"
+)
 
 
 def _poison_messages(rows: list[Row]) -> list[PoisonMessage]:
-    return [PoisonMessage(*r) for r in rows]
+    return [
+        PoisonMessage(q, m, r, e, p, why, decode_json(doc), decode_json(h))
+        for q, m, r, e, p, why, doc, h in rows
+    ]
 
 
 def poison(queue: str, msg_id: int, reason: str, read_ct: int | None = None) -> Call[bool]:
@@ -37,8 +47,9 @@ def poison_list(
     """The most recently poisoned messages, of one queue or of all, poisoned since, matching."""
     return Call(
         "poison_list",
-        "SELECT * FROM pgqueue.poison_list(%s::text, %s::integer, %s::timestamptz, %s::text)",
-        (queue, qty, since, reason),
+        f"SELECT {_POISON} FROM pgqueue.poison_list(%s::text, %s::integer, %s::timestamptz,"
+        " %s::text)",
+        (queue, int32("qty", qty), since, reason),
         _poison_messages,
     )
 
@@ -47,7 +58,7 @@ def poison_get(queue: str, msg_id: int) -> Call[PoisonMessage | None]:
     """One poison message of the queue; None if there is none with that id."""
     return Call(
         "poison_get",
-        "SELECT * FROM pgqueue.poison_get(%s, %s)",
+        f"SELECT {_POISON} FROM pgqueue.poison_get(%s, %s)",
         (queue, msg_id),
         lambda rows: _poison_messages(rows)[0] if rows else None,
     )
@@ -60,7 +71,7 @@ def poison_ids(
     return Call(
         "poison_ids",
         "SELECT * FROM pgqueue.poison_ids(%s, %s, %s, %s, %s, %s)",
-        (queue, after_msg_id, qty, where.after, where.before, where.reason),
+        (queue, after_msg_id, int32("qty", qty), where.after, where.before, where.reason),
         column,
     )
 

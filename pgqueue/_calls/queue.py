@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,30 +14,72 @@ from pgqueue._calls import (
     Call,
     Row,
     column,
+    decode_json,
     encode_json,
     encode_json_list,
     int32,
     nothing,
     scalar,
+    seconds,
     with_trace,
 )
 from pgqueue._errors import InvalidArgument
 from pgqueue._tracing import Trace, without_trace_headers
-from pgqueue.types import JSON, KeyedSend, Message, PeekedMessage, QueueInfo, QueueMetrics
+from pgqueue.types import (
+    JSON,
+    Duration,
+    KeyedSend,
+    Message,
+    PeekedMessage,
+    QueueInfo,
+    QueueMetrics,
+    Undecodable,
+)
 
-_RECORD = "msg_id, read_ct, enqueued_at, vt, message, headers"
+# The documents come as the database prints them and are decoded here, one
+# by one (decode_json): a document this Python cannot decode is told apart
+# instead of failing the whole read (docs/reliability.md).
+_RECORD = "msg_id, read_ct, enqueued_at, vt, message::text, headers::text"
 
 
-def _messages(queue: str) -> Any:
-    def read(rows: list[Row]) -> list[Message]:
-        return [Message(queue, *r) for r in rows]
+def _message(queue: str, row: Row) -> Message:
+    msg_id, read_ct, enqueued_at, vt, message, headers = row
+    return Message(
+        queue, msg_id, read_ct, enqueued_at, vt, decode_json(message), decode_json(headers)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """What a read handed out: the messages, and the leased ones this Python cannot decode."""
+
+    messages: list[Message]
+    undecodable: list[Message]  # their message or headers is an Undecodable: to be poisoned
+
+
+def undecodable_part(msg: Message) -> tuple[str, Undecodable] | None:
+    """("message" | "headers", what the decoder said) for a message it could not decode."""
+    if isinstance(msg.message, Undecodable):
+        return "message", msg.message
+    if isinstance(msg.headers, Undecodable):
+        return "headers", msg.headers
+    return None
+
+
+def _leased(queue: str) -> Any:
+    def read(rows: list[Row]) -> Leased:
+        got = [_message(queue, r) for r in rows]
+        bad = [m for m in got if undecodable_part(m) is not None]
+        if not bad:
+            return Leased(got, [])
+        return Leased([m for m in got if undecodable_part(m) is None], bad)
 
     return read
 
 
 def _first_message(queue: str) -> Any:
     def read(rows: list[Row]) -> Message | None:
-        return Message(queue, *rows[0]) if rows else None
+        return _message(queue, rows[0]) if rows else None
 
     return read
 
@@ -90,7 +133,7 @@ def send(
     queue: str,
     message: JSON,
     headers: dict[str, Any] | None = None,
-    delay: int = 0,
+    delay: Duration = 0,
     dedupe_key: str | None = None,
     trace: Trace | None = None,
     group: str | None = None,
@@ -110,7 +153,7 @@ def send(
             queue,
             encode_json(message, "message"),
             None if headers is None else encode_json(headers, "headers"),
-            int32("delay", delay),
+            seconds("delay", delay),
             dedupe_key,
             token,
             *(() if group is None else (group,)),
@@ -125,7 +168,7 @@ def send_keyed(
     message: JSON,
     dedupe_key: str,
     headers: dict[str, Any] | None = None,
-    delay: int = 0,
+    delay: Duration = 0,
     trace: Trace | None = None,
 ) -> Call[KeyedSend]:
     """Enqueue one message under dedupe_key unless an unfinished one holds it; says which."""
@@ -139,7 +182,7 @@ def send_keyed(
             encode_json(message, "message"),
             dedupe_key,
             None if headers is None else encode_json(headers, "headers"),
-            int32("delay", delay),
+            seconds("delay", delay),
             token,
         ),
         lambda rows: KeyedSend(int(rows[0][0]), bool(rows[0][1])),
@@ -151,7 +194,7 @@ def send_batch(
     queue: str,
     messages: Sequence[JSON],
     headers: Sequence[dict[str, Any] | None] | None = None,
-    delay: int = 0,
+    delay: Duration = 0,
     trace: Trace | None = None,
     groups: Sequence[str | None] | None = None,
 ) -> Call[list[int]]:
@@ -177,7 +220,7 @@ def send_batch(
             queue,
             encode_json_list(messages, "messages"),
             *(() if headers is None else (encode_json_list(headers, "headers"),)),
-            int32("delay", delay),
+            seconds("delay", delay),
             *(() if groups is None else (list(groups),)),
         ),
         column,
@@ -185,41 +228,41 @@ def send_batch(
     return with_trace(call, trace)
 
 
-def read(queue: str, vt: int, qty: int) -> Call[list[Message]]:
+def read(queue: str, vt: Duration, qty: int) -> Call[Leased]:
     """Lease up to qty visible messages, hidden from other readers for vt seconds."""
     return Call(
         "read",
         f"SELECT {_RECORD} FROM pgqueue.read(%s, %s, %s)",
-        (queue, int32("vt", vt), int32("qty", qty)),
-        _messages(queue),
+        (queue, seconds("vt", vt), int32("qty", qty)),
+        _leased(queue),
     )
 
 
 def read_with_poll(
-    queue: str, vt: int, qty: int, max_poll_seconds: int = 5, poll_interval_ms: int = 100
-) -> Call[list[Message]]:
+    queue: str, vt: Duration, qty: int, max_poll_seconds: Duration = 5, poll_interval_ms: int = 100
+) -> Call[Leased]:
     """Like read, but waits up to max_poll_seconds for a message to become visible."""
     return Call(
         "read_with_poll",
         f"SELECT {_RECORD} FROM pgqueue.read_with_poll(%s, %s, %s, %s, %s)",
         (
             queue,
-            int32("vt", vt),
+            seconds("vt", vt),
             int32("qty", qty),
-            int32("max_poll_seconds", max_poll_seconds),
+            seconds("max_poll_seconds", max_poll_seconds),
             int32("poll_interval_ms", poll_interval_ms),
         ),
-        _messages(queue),
+        _leased(queue),
     )
 
 
-def pop(queue: str, qty: int = 1) -> Call[list[Message]]:
+def pop(queue: str, qty: int = 1) -> Call[Leased]:
     """Take up to qty visible messages and delete them at once (at-most-once delivery)."""
     return Call(
         "pop",
         f"SELECT {_RECORD} FROM pgqueue.pop(%s, %s)",
         (queue, int32("qty", qty)),
-        _messages(queue),
+        _leased(queue),
         retryable=False,
     )
 
@@ -273,7 +316,7 @@ def ack_fenced(
 
 
 def set_vt(
-    queue: str, msg_id: int, vt: int, error: str | None = None, read_ct: int | None = None
+    queue: str, msg_id: int, vt: Duration, error: str | None = None, read_ct: int | None = None
 ) -> Call[Message | None]:
     """Make the message visible again vt seconds from now; None if it is gone.
 
@@ -286,26 +329,26 @@ def set_vt(
         return Call(
             "set_vt",
             f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text, %s)",
-            (queue, msg_id, int32("vt", vt), error, int32("read_ct", read_ct)),
+            (queue, msg_id, seconds("vt", vt), error, int32("read_ct", read_ct)),
             _first_message(queue),
         )
     if error is None:
         return Call(
             "set_vt",
             f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s)",
-            (queue, msg_id, int32("vt", vt)),
+            (queue, msg_id, seconds("vt", vt)),
             _first_message(queue),
         )
     return Call(
         "set_vt",
         f"SELECT {_RECORD} FROM pgqueue.set_vt(%s, %s, %s, %s::text)",
-        (queue, msg_id, int32("vt", vt), error),
+        (queue, msg_id, seconds("vt", vt), error),
         _first_message(queue),
     )
 
 
 def nack(
-    queue: str, msg_id: int, read_ct: int, delay: int, error: str | None = None
+    queue: str, msg_id: int, read_ct: int, delay: Duration, error: str | None = None
 ) -> Call[str | None]:
     """The holder's nack: "retry" (visible after delay), "poisoned" (its last attempt), or None.
 
@@ -314,7 +357,7 @@ def nack(
     return Call(
         "nack",
         "SELECT pgqueue.nack(%s, %s, %s, %s, %s::text)",
-        (queue, msg_id, int32("read_ct", read_ct), int32("delay", delay), error),
+        (queue, msg_id, int32("read_ct", read_ct), seconds("delay", delay), error),
         scalar,
     )
 
@@ -329,17 +372,19 @@ def hold_leases(queue: str, leases: Sequence[tuple[int, int]]) -> Call[list[int]
     )
 
 
-def set_vt_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Call[list[int]]:
+def set_vt_leases(queue: str, leases: Sequence[tuple[int, int]], vt: Duration) -> Call[list[int]]:
     """Set vt seconds from now on the messages still leased as (msg_id, read_ct); their ids."""
     return Call(
         "set_vt",
         "SELECT msg_id FROM pgqueue.set_vt(%s, %s::bigint[], %s, %s::integer[])",
-        (queue, [m for m, _ in leases], int32("vt", vt), [r for _, r in leases]),
+        (queue, [m for m, _ in leases], seconds("vt", vt), [r for _, r in leases]),
         column,
     )
 
 
-def extend_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Call[dict[int, bool]]:
+def extend_leases(
+    queue: str, leases: Sequence[tuple[int, int]], vt: Duration
+) -> Call[dict[int, bool]]:
     """Extend the leases still current as (msg_id, read_ct) by vt s, never waiting for a lock.
 
     msg_id -> True when extended, False when its row is locked by another
@@ -348,7 +393,7 @@ def extend_leases(queue: str, leases: Sequence[tuple[int, int]], vt: int) -> Cal
     return Call(
         "extend_leases",
         "SELECT msg_id, extended FROM pgqueue.extend_leases(%s, %s::bigint[], %s::integer[], %s)",
-        (queue, [m for m, _ in leases], [r for _, r in leases], int32("vt", vt)),
+        (queue, [m for m, _ in leases], [r for _, r in leases], seconds("vt", vt)),
         lambda rows: {int(m): bool(e) for m, e in rows},
     )
 
@@ -357,9 +402,13 @@ def peek(queue: str, qty: int = 10, after_msg_id: int = 0) -> Call[list[PeekedMe
     """Live messages in msg_id order after after_msg_id, without leasing or changing them."""
     return Call(
         "peek",
-        "SELECT * FROM pgqueue.peek(%s, %s, %s)",
+        "SELECT msg_id, read_ct, enqueued_at, vt, message::text, headers::text, dedupe_key,"
+        " last_error FROM pgqueue.peek(%s, %s, %s)",
         (queue, int32("qty", qty), after_msg_id),
-        lambda rows: [PeekedMessage(queue, *r) for r in rows],
+        lambda rows: [
+            PeekedMessage(queue, m, r, e, v, decode_json(doc), decode_json(h), k, err)
+            for m, r, e, v, doc, h, k, err in rows
+        ],
     )
 
 

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-from pgqueue._calls import Call, scalar
-from pgqueue.types import ClaimRecord
+from pgqueue._calls import Call, int32, scalar, seconds
+from pgqueue.types import ClaimRecord, Duration
 
 
-def claim(key: str, owner: str, lease_seconds: int) -> Call[bool]:
+def claim(key: str, owner: str, lease_seconds: Duration) -> Call[bool]:
     """Take the key if free, expired, or already ours; False if held by another or finished."""
-    return Call("claim", "SELECT pgqueue.claim(%s, %s, %s)", (key, owner, lease_seconds), scalar)
+    return Call(
+        "claim",
+        "SELECT pgqueue.claim(%s, %s, %s)",
+        (key, owner, seconds("lease_seconds", lease_seconds)),
+        scalar,
+    )
 
 
-def renew(key: str, owner: str, lease_seconds: int) -> Call[bool]:
+def renew(key: str, owner: str, lease_seconds: Duration) -> Call[bool]:
     """Extend our lease; False if the key is no longer ours."""
-    return Call("renew", "SELECT pgqueue.renew(%s, %s, %s)", (key, owner, lease_seconds), scalar)
+    return Call(
+        "renew",
+        "SELECT pgqueue.renew(%s, %s, %s)",
+        (key, owner, seconds("lease_seconds", lease_seconds)),
+        scalar,
+    )
 
 
 def release(key: str, owner: str) -> Call[bool]:
@@ -31,11 +41,16 @@ def list_claims(qty: int = 100) -> Call[list[ClaimRecord]]:
     return Call(
         "list_claims",
         "SELECT * FROM pgqueue.list_claims(%s)",
-        (qty,),
+        (int32("qty", qty),),
         lambda rows: [ClaimRecord(*r) for r in rows],
     )
 
 
-def purge_claims(older_than_seconds: int) -> Call[int]:
+def purge_claims(older_than_seconds: Duration) -> Call[int]:
     """Delete tombstones finished longer ago than that; how many."""
-    return Call("purge_claims", "SELECT pgqueue.purge_claims(%s)", (older_than_seconds,), scalar)
+    return Call(
+        "purge_claims",
+        "SELECT pgqueue.purge_claims(%s)",
+        (seconds("older_than_seconds", older_than_seconds),),
+        scalar,
+    )

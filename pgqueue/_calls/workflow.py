@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pgqueue._calls import Call, Row, encode_json, scalar
+from pgqueue._calls import Call, Row, encode_json, int32, scalar
 from pgqueue._errors import InvalidArgument
 from pgqueue.types import MemberResult, Step, StepStatus, WorkflowStatus
 
@@ -146,6 +146,6 @@ def list_workflows(state: str | None = None, qty: int = 100) -> Call[list[Workfl
     return Call(
         "list_workflows",
         "SELECT * FROM pgqueue.list_workflows(%s, %s)",
-        (state, qty),
+        (state, int32("qty", qty)),
         lambda rows: [WorkflowStatus(*r) for r in rows],
     )

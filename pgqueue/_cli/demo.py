@@ -48,10 +48,13 @@ def _app(echo: Callable[[str], None], callbacks: list[Message], fired: threading
     @app.handler(DONE)
     def report(msg: Message) -> None:
         callbacks.append(msg)
-        h = msg.headers or {}
+        cb = msg.callback
         echo(f"callback received on {DONE!r}: {msg.message}")
-        shown = (TRANSPORT_MARKER, "barrier_id", "state", "total", "succeeded", "failed")
-        echo("  headers: " + " ".join(f"{k}={h.get(k)}" for k in shown))
+        if cb is not None:  # what the firing wrote (headers _pg_transport, _pg_callback)
+            echo(
+                f"  {TRANSPORT_MARKER}={msg.is_callback} barrier_id={cb.barrier_id}"
+                f" state={cb.state} total={cb.total} succeeded={cb.succeeded} failed={cb.failed}"
+            )
         fired.set()
 
     return app

@@ -18,8 +18,9 @@
 --     the trigger message_members_gone counts the rest; no session setting is
 --     read. So no barrier waits for a message that no longer exists; the
 --     deadline sweep covers members that never finish.
---   * Only the firing writes a callback (it inserts it itself; send refuses
---     the _pg_ header keys), so a callback cannot be forged.
+--   * Only the firing writes a callback (it inserts it itself; every entry
+--     refuses the _pg_ header keys, and the callback's record is under them:
+--     the header rule, queue.sql), so a callback cannot be forged.
 --   * Lock order is always message rows, then member rows, then barrier rows
 --     (in barrier_id order within a batch), so completions, poison drops and
 --     sweeps do not deadlock in the common cases; the rare remaining ones abort
@@ -213,8 +214,9 @@ BEGIN
 END
 $$;
 
--- A callback must have somewhere to go: a queue that open barriers call back
--- into cannot be dropped (checked before drop_queue touches anything).
+-- A callback must have somewhere to go: a queue that open barriers or
+-- running workflows call back into cannot be dropped (checked before
+-- drop_queue touches anything).
 CREATE FUNCTION pgqueue._before_drop(q pgqueue.queue) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -226,6 +228,13 @@ BEGIN
         RAISE EXCEPTION 'queue "%" receives the callbacks of % open barrier(s)', q.queue_name, v_n
             USING ERRCODE = '55006',
                   HINT = 'Wait for them to fire, or give them a deadline and run pgqueue.expire_barriers().';
+    END IF;
+    SELECT count(*) INTO v_n FROM pgqueue.workflow
+     WHERE callback_queue_id = q.queue_id AND state = 'running';
+    IF v_n > 0 THEN
+        RAISE EXCEPTION 'queue "%" receives the final callbacks of % running workflow(s)', q.queue_name, v_n
+            USING ERRCODE = '55006',
+                  HINT = 'Wait for them to finish, or cancel them with pgqueue.cancel_workflow().';
     END IF;
 END
 $$;
@@ -436,12 +445,11 @@ $$;
 -- found it due. Fired early by its failure policy (members still pending),
 -- it first cancels the members not under a live lease (_cancel_pending); a
 -- member still running finishes, and its completion is recorded on its own
--- row and changes no counts. The fan-out's headers come first, without a
--- member_index (a handler that passed its member's headers on to a nested
--- fan_out would otherwise make that fan-out's callback look like a member),
--- then the keys only a firing writes: state (succeeded, failed or
--- timed_out) and the count of every outcome. A workflow step's barrier sends
--- no callback: its firing resolves the step (workflows.sql).
+-- row and changes no counts. Its headers are the fan-out's, then what only a
+-- firing writes (_callback_headers): the marker, and under _pg_callback the
+-- barrier's id, how it ended (succeeded, failed or timed_out) and the count
+-- of every outcome. A workflow step's barrier sends no callback: its firing
+-- resolves the step (workflows.sql).
 CREATE FUNCTION pgqueue._fire(p_barrier_id text, p_state text) RETURNS bigint
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -476,16 +484,16 @@ BEGIN
     SELECT * INTO q FROM pgqueue.queue WHERE queue_id = b.callback_queue_id;
     INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
     VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now, b.callback_message,
-            (coalesce(b.headers, '{}'::jsonb) - 'member_index') || jsonb_build_object(
-                '_pg_transport', true,
-                'barrier_id', b.barrier_id,
-                'total', b.total,
-                'succeeded', b.succeeded,
-                'failed', b.failed,
-                'cancelled', b.cancelled,
-                'outcomes', coalesce(v_counts, '{}'),
-                'state', v_outcome)
-             || coalesce(pgqueue._trace_headers(b.traceparent, b.tracestate), '{}'))
+            pgqueue._callback_headers(b.headers,
+                                      jsonb_build_object('kind', 'barrier',
+                                                         'barrier_id', b.barrier_id,
+                                                         'state', v_outcome,
+                                                         'total', b.total,
+                                                         'succeeded', b.succeeded,
+                                                         'failed', b.failed,
+                                                         'cancelled', b.cancelled,
+                                                         'outcomes', coalesce(v_counts, '{}')),
+                                      pgqueue._trace_headers(b.traceparent, b.tracestate)))
     RETURNING msg_id INTO v_msg_id;
     PERFORM pgqueue._notify(q);
     UPDATE pgqueue.barrier
@@ -506,13 +514,13 @@ LANGUAGE sql AS $$
     WITH sent AS (
         INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers, member_of)
         SELECT q.queue_id, nextval(q.msg_seq), p_now, p_now, m.message,
-               coalesce(b.headers, '{}'::jsonb)
-                   || jsonb_build_object('barrier_id', b.barrier_id, 'member_index', p_first + m.ord - 1)
-                   || coalesce(pgqueue._trace_headers(b.traceparent, b.tracestate), '{}'),
+               pgqueue._member_headers(b.headers, b.barrier_id, p_first + m.ord::integer - 1,
+                                       b.workflow_id, b.step,
+                                       pgqueue._trace_headers(b.traceparent, b.tracestate)),
                b.barrier_id
           FROM unnest(p_messages) WITH ORDINALITY AS m (message, ord)
          ORDER BY m.ord
-        RETURNING msg_id, (headers ->> 'member_index')::integer AS member_index
+        RETURNING msg_id, (headers -> '_pg_member' ->> 'index')::integer AS member_index
     ), members AS (
         INSERT INTO pgqueue.barrier_member (barrier_id, member_index, queue_id, msg_id)
         SELECT b.barrier_id, s.member_index, q.queue_id, s.msg_id FROM sent s
@@ -532,6 +540,7 @@ BEGIN
         RAISE EXCEPTION 'messages[%] is NULL', array_position(messages, NULL)
             USING ERRCODE = '22004', HINT = 'Every member must be a JSON value.';
     END IF;
+    PERFORM pgqueue._require_all_decodable('messages', messages);
 END
 $$;
 
@@ -567,7 +576,7 @@ CREATE FUNCTION pgqueue._arm(
     p_queue text, p_messages jsonb[], p_callback_queue text, p_callback_message jsonb,
     p_barrier_id text, p_headers jsonb, p_deadline_seconds integer, p_policy text,
     p_max_failures integer, p_max_failure_ratio double precision, p_sealed boolean,
-    p_traceparent text, p_tracestate text
+    p_traceparent text, p_tracestate text, p_workflow_id text DEFAULT NULL, p_step text DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -580,13 +589,13 @@ DECLARE
     v_policy text := coalesce(p_policy, CASE WHEN p_max_failures IS NOT NULL OR p_max_failure_ratio IS NOT NULL
                                              THEN 'max_failures' ELSE 'wait_all' END);
     v_print bytea;
-    v_trace jsonb := pgqueue._trace_headers(p_traceparent, p_tracestate);
     old pgqueue.barrier;
 BEGIN
     PERFORM pgqueue._require_members(p_messages);
     IF p_callback_message IS NULL THEN
         RAISE EXCEPTION 'callback_message must not be NULL' USING ERRCODE = '22004';
     END IF;
+    PERFORM pgqueue._require_decodable('callback_message', p_callback_message);
     IF v_id = '' OR length(v_id) > 200 THEN
         RAISE EXCEPTION 'barrier_id must be 1 to 200 characters' USING ERRCODE = '22023';
     END IF;
@@ -595,6 +604,8 @@ BEGIN
     END IF;
     PERFORM pgqueue._require_policy(v_policy, p_max_failures, p_max_failure_ratio);
     PERFORM pgqueue._require_headers(p_headers);
+    -- checked here; stored as _trace_headers keeps it (an empty tracestate is none)
+    PERFORM pgqueue._trace_headers(p_traceparent, p_tracestate);
     -- Locked so a concurrent drop_queue either sees this barrier or makes us
     -- fail: a barrier never points at a callback queue that is gone.
     q := pgqueue._queue_locked(p_queue);
@@ -609,11 +620,11 @@ BEGIN
 
     INSERT INTO pgqueue.barrier (barrier_id, queue_id, callback_queue_id, callback_message, headers,
                                  total, remaining, deadline, fingerprint, traceparent, tracestate,
-                                 policy, max_failures, max_failure_ratio, sealed)
+                                 policy, max_failures, max_failure_ratio, sealed, workflow_id, step)
     VALUES (v_id, q.queue_id, cq.queue_id, p_callback_message, p_headers, v_n, v_n,
             v_now + make_interval(secs => p_deadline_seconds), v_print,
-            p_traceparent, v_trace ->> '_pg_tracestate',
-            v_policy, p_max_failures, p_max_failure_ratio, p_sealed)
+            p_traceparent, CASE WHEN p_traceparent IS NOT NULL THEN nullif(p_tracestate, '') END,
+            v_policy, p_max_failures, p_max_failure_ratio, p_sealed, p_workflow_id, p_step)
     ON CONFLICT (barrier_id) DO NOTHING
     RETURNING * INTO b;
     IF NOT FOUND THEN

@@ -315,7 +315,9 @@ $$;
 -- rows; when it stops there before filling the page, its last row has
 -- capped = true and no message, and names where the scan stopped (pass it
 -- as the cursor to go on). `message` is the payload's text cut to
--- preview_chars; `message_chars` the whole text's length.
+-- preview_chars; `message_chars` the whole text's length; `message_bytes`
+-- its stored size. A payload (or headers) stored in more than 16 kB is not
+-- read for a preview: message, message_chars (headers) are NULL for it.
 CREATE FUNCTION pgqueue.poison_page(
     queue_name text,
     qty integer,
@@ -338,7 +340,8 @@ CREATE FUNCTION pgqueue.poison_page(
     message text,
     message_chars integer,
     headers jsonb,
-    capped boolean
+    capped boolean,
+    message_bytes integer
 )
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -352,10 +355,14 @@ DECLARE
     v_needle text := lower(nullif(poison_page.reason_contains, ''));
     v_scanned integer := 0;
     v_found integer := 0;
-    p pgqueue.poison;
+    p record;
     c refcursor;
     v_names text[];  -- queue names by queue_id, looked up once each
     v_text text;
+    -- a payload or headers stored in more bytes than this are not read
+    -- (nor detoasted) for a preview: a page of them costs what its rows'
+    -- other columns cost, not their size
+    c_preview_bytes constant integer := 16384;
 BEGIN
     PERFORM pgqueue._require_nonnegative('qty', poison_page.qty);
     PERFORM pgqueue._require_nonnegative('scan_limit', poison_page.scan_limit);
@@ -369,14 +376,18 @@ BEGIN
     END IF;
     IF v_queue_id IS NULL THEN
         OPEN c FOR
-        SELECT x.* FROM pgqueue.poison x
+        SELECT x.ctid AS tid, x.queue_id, x.msg_id, x.read_ct, x.enqueued_at, x.poisoned_at, x.reason,
+               pg_column_size(x.message) AS bytes, pg_column_size(x.headers) AS header_bytes
+          FROM pgqueue.poison x
          WHERE (x.poisoned_at, x.queue_id, x.msg_id) < (v_at, v_qid, v_mid)
            AND (poison_page.poisoned_after IS NULL OR x.poisoned_at >= poison_page.poisoned_after)
            AND (poison_page.poisoned_before IS NULL OR x.poisoned_at < poison_page.poisoned_before)
          ORDER BY x.poisoned_at DESC, x.queue_id DESC, x.msg_id DESC;
     ELSE
         OPEN c FOR
-        SELECT x.* FROM pgqueue.poison x
+        SELECT x.ctid AS tid, x.queue_id, x.msg_id, x.read_ct, x.enqueued_at, x.poisoned_at, x.reason,
+               pg_column_size(x.message) AS bytes, pg_column_size(x.headers) AS header_bytes
+          FROM pgqueue.poison x
          WHERE x.queue_id = v_queue_id
            AND (x.poisoned_at, x.msg_id) < (v_at, v_mid)
            AND (poison_page.poisoned_after IS NULL OR x.poisoned_at >= poison_page.poisoned_after)
@@ -400,10 +411,15 @@ BEGIN
             enqueued_at := p.enqueued_at;
             poisoned_at := p.poisoned_at;
             reason := p.reason;
-            v_text := p.message::text;
+            -- the payload read only for the rows shown, and only when small
+            -- (by ctid: poison rows are never updated, and one gone since is NULL)
+            SELECT CASE WHEN p.bytes <= c_preview_bytes THEN x.message::text END,
+                   CASE WHEN p.header_bytes <= c_preview_bytes THEN x.headers END
+              INTO v_text, headers
+              FROM pgqueue.poison x WHERE x.ctid = p.tid;
             message := left(v_text, poison_page.preview_chars);
             message_chars := length(v_text);
-            headers := p.headers;
+            message_bytes := p.bytes;
             capped := false;
             RETURN NEXT;
             EXIT WHEN v_found >= poison_page.qty;
@@ -418,6 +434,7 @@ BEGIN
             message := NULL;
             message_chars := NULL;
             headers := NULL;
+            message_bytes := NULL;
             capped := true;
             RETURN NEXT;
             EXIT;

@@ -490,6 +490,45 @@ BEGIN
 END
 $$;
 
+-- The one header rule (docs/security.md, "What a handler may trust"): a
+-- caller's header keys never start with _pg_ (_require_headers, at every
+-- entry that takes headers); every key pgqueue writes does, and only the
+-- three functions that follow write them: _trace_headers above (the trace
+-- context), _member_headers (a barrier member, a workflow step's message)
+-- and _callback_headers (a barrier's or a workflow's callback). A caller's
+-- headers travel on members and callbacks as they are: the two sets of keys
+-- cannot meet, so nothing a caller writes passes for what pgqueue wrote.
+-- tests/sql/test_header_rule.py fails on any other function that names a
+-- _pg_ key.
+
+-- A barrier member's headers: its fan-out's headers as they are, then
+-- {"_pg_member": {"barrier_id", "index"}} and, on a workflow step's message,
+-- {"_pg_step": {"workflow_id", "step"}}, then the trace context. Inlined.
+CREATE FUNCTION pgqueue._member_headers(p_headers jsonb, p_barrier_id text, p_index integer,
+                                        p_workflow_id text, p_step text, p_trace jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(p_headers, '{}'::jsonb)
+           || jsonb_build_object('_pg_member', jsonb_build_object('barrier_id', p_barrier_id, 'index', p_index))
+           || CASE WHEN p_workflow_id IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('_pg_step', jsonb_build_object('workflow_id', p_workflow_id,
+                                                                          'step', p_step)) END
+           || coalesce(p_trace, '{}'::jsonb);
+$$;
+
+-- A callback's headers: its fan-out's (or workflow's) headers as they are,
+-- then the transport marker and {"_pg_callback": p_callback}, the firing's
+-- record ({"kind": "barrier" | "workflow", ...}), then the trace context.
+CREATE FUNCTION pgqueue._callback_headers(p_headers jsonb, p_callback jsonb, p_trace jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(p_headers, '{}'::jsonb)
+           || jsonb_build_object('_pg_transport', true, '_pg_callback', p_callback)
+           || coalesce(p_trace, '{}'::jsonb);
+$$;
+
 CREATE FUNCTION pgqueue.send_batch(
     queue_name text,
     messages jsonb[],
@@ -521,6 +560,7 @@ BEGIN
         RAISE EXCEPTION 'messages[%] is NULL', array_position(send_batch.messages, NULL)
             USING ERRCODE = '22004', HINT = 'Every message must be a JSON value; use ''null''::jsonb for a JSON null.';
     END IF;
+    PERFORM pgqueue._require_all_decodable('messages', send_batch.messages);
     IF send_batch.headers IS NOT NULL
        AND cardinality(send_batch.headers) <> cardinality(send_batch.messages) THEN
         RAISE EXCEPTION 'headers has % elements but messages has %',
@@ -773,7 +813,53 @@ BEGIN
 END
 $$;
 
--- Headers must be a JSON object (or NULL) whose keys do not start with _pg_.
+-- True when a JSON document is nested more than 255 levels deep, or holds a
+-- number whose integer part has more than 4,300 digits (its text is then
+-- longer than 4,300 characters, which is checked first: most documents stop
+-- there). NULL for NULL. Inlined where it is called.
+CREATE FUNCTION pgqueue._undecodable(doc jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT jsonb_path_exists(doc, 'strict $.**{256}')
+           OR (octet_length(doc::text) > 4300
+               AND jsonb_path_exists(doc, 'lax $.** ? (@ >= 1e4300 || @ <= -1e4300)'));
+$$;
+
+-- Raises 22023 naming `what` when a document is _undecodable, saying why.
+CREATE FUNCTION pgqueue._require_decodable(what text, doc jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_path_exists(doc, 'strict $.**{256}') THEN
+        RAISE EXCEPTION '% is nested more than 255 levels deep', what
+            USING ERRCODE = '22023',
+                  HINT = 'Readers cannot decode it (Python''s json stops near 1,000 levels, other decoders'
+                         ' sooner). Flatten it, or send the deep part as a string.';
+    END IF;
+    IF pgqueue._undecodable(doc) THEN
+        RAISE EXCEPTION '% holds a number of more than 4300 digits', what
+            USING ERRCODE = '22023',
+                  HINT = 'Python reads integers of at most 4,300 digits. Send such a number as a string.';
+    END IF;
+END
+$$;
+
+-- Raises 22023 at the first of docs that is _undecodable, naming it what[i]
+-- (from 1, as Postgres counts an array's elements).
+CREATE FUNCTION pgqueue._require_all_decodable(what text, docs jsonb[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    SELECT d.ord INTO v_bad FROM unnest(docs) WITH ORDINALITY AS d (doc, ord)
+     WHERE pgqueue._undecodable(d.doc) ORDER BY d.ord LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgqueue._require_decodable(format('%s[%s]', what, v_bad), docs[v_bad]);
+    END IF;
+END
+$$;
+
+-- Headers must be a JSON object (or NULL) whose keys do not start with _pg_,
+-- and a document every reader can decode.
 CREATE FUNCTION pgqueue._require_headers(headers jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -788,10 +874,11 @@ BEGIN
         RAISE EXCEPTION 'header % is reserved: keys starting with _pg_ are written by pgqueue only',
             to_json(v_key)::text
             USING ERRCODE = '22023',
-                  HINT = 'Rename it. A callback''s _pg_transport marker is written by its barrier when it fires,'
-                         ' never by a send; when passing on the headers of a message you got, leave out'
-                         ' the keys that start with _pg_.';
+                  HINT = 'Rename it. pgqueue writes the _pg_ keys (a callback''s, a member''s, a trace''s)'
+                         ' itself; when passing on the headers of a message you got, leave out the keys'
+                         ' that start with _pg_.';
     END IF;
+    PERFORM pgqueue._require_decodable('headers', headers);
 END
 $$;
 
@@ -831,14 +918,17 @@ BEGIN
     -- A send without options meets only the first condition: an expression's
     -- parts cost a call each whether they run or not.
     IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
-       OR send.headers IS NOT NULL OR send.dedupe_key IS NOT NULL OR send.group_key IS NOT NULL THEN
+       OR send.headers IS NOT NULL OR send.dedupe_key IS NOT NULL OR send.group_key IS NOT NULL
+       OR pgqueue._undecodable(send.message) THEN
         IF send.message IS NULL OR send.delay IS NULL OR send.delay < 0
            OR jsonb_typeof(send.headers) <> 'object' OR strpos(send.headers::text, '"_pg_') > 0
-           OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200 THEN
+           OR length(send.dedupe_key) > 1000 OR send.group_key = '' OR length(send.group_key) > 200
+           OR pgqueue._undecodable(send.message) OR pgqueue._undecodable(send.headers) THEN
             IF send.message IS NULL THEN
                 RAISE EXCEPTION 'message must not be NULL' USING ERRCODE = '22004',
                     HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
             END IF;
+            PERFORM pgqueue._require_decodable('message', send.message);
             PERFORM pgqueue._require_nonnegative('delay', send.delay);
             PERFORM pgqueue._require_headers(send.headers);
             IF length(send.dedupe_key) > 1000 THEN

@@ -42,6 +42,9 @@ CREATE TABLE pgqueue.workflow (
 );
 CREATE INDEX workflow_running_idx ON pgqueue.workflow (created_at) WHERE state = 'running';
 CREATE INDEX workflow_created_idx ON pgqueue.workflow (created_at);
+-- drop_queue's check that no running workflow calls back into the queue
+CREATE INDEX workflow_callback_queue_idx ON pgqueue.workflow (callback_queue_id)
+    WHERE state = 'running';
 
 CREATE TABLE pgqueue.workflow_step (
     workflow_id text NOT NULL REFERENCES pgqueue.workflow ON DELETE CASCADE,
@@ -143,12 +146,9 @@ BEGIN
          WHERE x.workflow_id = s.workflow_id AND x.step = s.step;
         RETURN false;
     END IF;
-    PERFORM pgqueue._arm(q.queue_name, s.messages, q.queue_name, '{}'::jsonb, v_bid,
-                         coalesce(s.headers, '{}'::jsonb)
-                             || jsonb_build_object('workflow_id', s.workflow_id, 'step', s.step),
-                         NULL, s.policy, s.max_failures, s.max_failure_ratio, true, NULL, NULL);
-    UPDATE pgqueue.barrier b SET workflow_id = s.workflow_id, step = s.step
-     WHERE b.barrier_id = v_bid;
+    PERFORM pgqueue._arm(q.queue_name, s.messages, q.queue_name, '{}'::jsonb, v_bid, s.headers,
+                         NULL, s.policy, s.max_failures, s.max_failure_ratio, true, NULL, NULL,
+                         s.workflow_id, s.step);
     UPDATE pgqueue.workflow_step x
        SET state = 'enqueued', barrier_id = v_bid, enqueued_at = clock_timestamp(), messages = NULL
      WHERE x.workflow_id = s.workflow_id AND x.step = s.step;
@@ -230,11 +230,12 @@ BEGIN
         IF FOUND THEN
             INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)
             VALUES (q.queue_id, nextval(q.msg_seq), v_now, v_now, w.callback_message,
-                    coalesce(w.headers, '{}'::jsonb) || jsonb_build_object(
-                        '_pg_transport', true,
-                        'workflow_id', w.workflow_id,
-                        'state', v_state,
-                        'steps', coalesce(v_steps, '{}'::jsonb)))
+                    pgqueue._callback_headers(w.headers,
+                                              jsonb_build_object('kind', 'workflow',
+                                                                 'workflow_id', w.workflow_id,
+                                                                 'state', v_state,
+                                                                 'steps', coalesce(v_steps, '{}'::jsonb)),
+                                              NULL))
             RETURNING msg_id INTO v_msg_id;
             PERFORM pgqueue._notify(q);
         END IF;
@@ -321,6 +322,7 @@ BEGIN
         v_messages := CASE WHEN e ? 'messages'
                            THEN ARRAY(SELECT x FROM jsonb_array_elements(e -> 'messages') AS x)
                            ELSE ARRAY[e -> 'message'] END;
+        PERFORM pgqueue._require_all_decodable(format('step "%s" messages', v_name), v_messages);
         v_policy := coalesce(e ->> 'policy',
                              CASE WHEN e ? 'max_failures' OR e ? 'max_failure_ratio'
                                   THEN 'max_failures' ELSE 'wait_all' END);
@@ -406,6 +408,7 @@ BEGIN
         RAISE EXCEPTION 'workflow_id must be 1 to 200 characters' USING ERRCODE = '22023';
     END IF;
     PERFORM pgqueue._require_headers(start_workflow.headers);
+    PERFORM pgqueue._require_decodable('callback_message', start_workflow.callback_message);
     IF start_workflow.callback_queue IS NOT NULL THEN
         cq := pgqueue._queue_locked(start_workflow.callback_queue);
     END IF;
@@ -493,7 +496,10 @@ $$;
 -- are cancelled as a failing barrier cancels them; members running finish,
 -- recorded on their rows. The workflow ends as cancelled now, with its final
 -- callback. Barrier rows are locked before the workflow's, the order
--- completions take them in. Its status after; a finished one is left alone.
+-- completions take them in; a step enqueued by a transaction that commits
+-- while this waits for the workflow's row is found again under that lock,
+-- its barrier locked without waiting (or the attempt starts over, its locks
+-- given back). Its status after; a finished one is left alone.
 CREATE FUNCTION pgqueue.cancel_workflow(workflow_id text) RETURNS pgqueue.workflow_status
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -503,38 +509,60 @@ AS $$
 DECLARE
     w pgqueue.workflow := pgqueue._workflow_or_raise(cancel_workflow.workflow_id);
     v_bids text[];
+    v_new text[];
     v_bid text;
     v_steps text[];
 BEGIN
-    v_bids := ARRAY(SELECT b.barrier_id FROM pgqueue.barrier b
-                     WHERE b.barrier_id IN (SELECT s.barrier_id FROM pgqueue.workflow_step s
-                                             WHERE s.workflow_id = cancel_workflow.workflow_id
-                                               AND s.state = 'enqueued')
-                       AND b.state = 'open'
-                     ORDER BY b.barrier_id FOR UPDATE);
-    SELECT * INTO w FROM pgqueue.workflow x WHERE x.workflow_id = cancel_workflow.workflow_id FOR UPDATE;
-    IF w.state <> 'running' THEN
-        RETURN pgqueue._workflow_status(w.workflow_id);
-    END IF;
-    UPDATE pgqueue.workflow x SET cancel_requested = true, sealed = true
-     WHERE x.workflow_id = w.workflow_id;
-    v_steps := ARRAY(SELECT s.step FROM pgqueue.workflow_step s
-                      WHERE s.workflow_id = w.workflow_id AND s.state IN ('waiting', 'enqueued')
-                      ORDER BY s.step);
-    UPDATE pgqueue.workflow_step x SET state = 'cancelled', finished_at = clock_timestamp(), messages = NULL
-     WHERE x.workflow_id = w.workflow_id AND x.step = ANY (v_steps);
-    -- the barriers of the steps that were enqueued: what has not started
-    -- leaves; one with nothing left running fires now (its step is resolved
-    -- already, so the firing changes nothing more)
-    FOREACH v_bid IN ARRAY v_bids LOOP
-        PERFORM pgqueue._cancel_pending(v_bid);
-        IF (SELECT b.remaining = 0 FROM pgqueue.barrier b WHERE b.barrier_id = v_bid) THEN
-            PERFORM pgqueue._fire(v_bid, 'fired');
-        END IF;
+    FOR attempt IN 1..100 LOOP
+        BEGIN  -- an attempt: a subtransaction, whose locks go when it starts over
+            v_bids := ARRAY(SELECT b.barrier_id FROM pgqueue.barrier b
+                             WHERE b.barrier_id IN (SELECT s.barrier_id FROM pgqueue.workflow_step s
+                                                     WHERE s.workflow_id = cancel_workflow.workflow_id
+                                                       AND s.state = 'enqueued')
+                               AND b.state = 'open'
+                             ORDER BY b.barrier_id FOR UPDATE);
+            SELECT * INTO w FROM pgqueue.workflow x WHERE x.workflow_id = cancel_workflow.workflow_id FOR UPDATE;
+            IF w.state <> 'running' THEN
+                RETURN pgqueue._workflow_status(w.workflow_id);
+            END IF;
+            -- With the workflow's row ours, no step can be enqueued any more;
+            -- but one enqueued by a transaction that committed while we waited
+            -- for the row has a barrier the first statement did not see. Lock
+            -- it now without waiting (we hold the workflow's row, which a
+            -- completion holding that barrier may be waiting for), or start over.
+            v_new := ARRAY(SELECT b.barrier_id FROM pgqueue.barrier b
+                            WHERE b.barrier_id IN (SELECT s.barrier_id FROM pgqueue.workflow_step s
+                                                    WHERE s.workflow_id = w.workflow_id
+                                                      AND s.state = 'enqueued')
+                              AND b.state = 'open' AND b.barrier_id <> ALL (v_bids)
+                            ORDER BY b.barrier_id FOR UPDATE NOWAIT);
+            v_bids := v_bids || v_new;
+            UPDATE pgqueue.workflow x SET cancel_requested = true, sealed = true
+             WHERE x.workflow_id = w.workflow_id;
+            v_steps := ARRAY(SELECT s.step FROM pgqueue.workflow_step s
+                              WHERE s.workflow_id = w.workflow_id AND s.state IN ('waiting', 'enqueued')
+                              ORDER BY s.step);
+            UPDATE pgqueue.workflow_step x SET state = 'cancelled', finished_at = clock_timestamp(), messages = NULL
+             WHERE x.workflow_id = w.workflow_id AND x.step = ANY (v_steps);
+            -- the barriers of the steps that were enqueued: what has not started
+            -- leaves; one with nothing left running fires now (its step is resolved
+            -- already, so the firing changes nothing more)
+            FOREACH v_bid IN ARRAY v_bids LOOP
+                PERFORM pgqueue._cancel_pending(v_bid);
+                IF (SELECT b.remaining = 0 FROM pgqueue.barrier b WHERE b.barrier_id = v_bid) THEN
+                    PERFORM pgqueue._fire(v_bid, 'fired');
+                END IF;
+            END LOOP;
+            SELECT * INTO w FROM pgqueue.workflow x WHERE x.workflow_id = w.workflow_id;
+            PERFORM pgqueue._resolve(w, v_steps, array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]));
+            RETURN pgqueue._workflow_status(w.workflow_id);
+        EXCEPTION WHEN lock_not_available THEN
+            -- a new step's barrier is busy: give our locks back and start over
+            PERFORM pg_sleep(0.001 * least(attempt, 50));
+        END;
     END LOOP;
-    SELECT * INTO w FROM pgqueue.workflow x WHERE x.workflow_id = w.workflow_id;
-    PERFORM pgqueue._resolve(w, v_steps, array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]));
-    RETURN pgqueue._workflow_status(w.workflow_id);
+    RAISE EXCEPTION 'could not cancel workflow "%": its steps kept being completed', cancel_workflow.workflow_id
+        USING ERRCODE = '55000', HINT = 'Call cancel_workflow again.';
 END
 $$;
 

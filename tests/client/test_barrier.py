@@ -18,6 +18,7 @@ from pgqueue import (
     QueueInUse,
     QueueNotFound,
 )
+from pgqueue.types import CALLBACK, MEMBER, Callback
 
 
 @pytest.fixture
@@ -70,15 +71,28 @@ def test_last_completion_fires_exactly_one_callback_with_marker(
     assert cb.is_callback and cb.barrier_id == bid and cb.member_index is None
     assert cb.headers == {
         TRANSPORT_MARKER: True,
-        "barrier_id": bid,
-        "total": 3,
-        "succeeded": 2,
-        "failed": 1,
-        "cancelled": 0,
-        "outcomes": {"succeeded": 2, "failed": 1},
-        "state": "failed",  # wait_all: it waited for all, and one failed
-        "trace": "t-1",
+        CALLBACK: {
+            "kind": "barrier",
+            "barrier_id": bid,
+            "total": 3,
+            "succeeded": 2,
+            "failed": 1,
+            "cancelled": 0,
+            "outcomes": {"succeeded": 2, "failed": 1},
+            "state": "failed",  # wait_all: it waited for all, and one failed
+        },
+        "trace": "t-1",  # the fan-out's own headers travel as they are
     }
+    assert cb.callback == Callback(
+        kind="barrier",
+        state="failed",
+        barrier_id=bid,
+        total=3,
+        succeeded=2,
+        failed=1,
+        cancelled=0,
+        outcomes={"succeeded": 2, "failed": 1},
+    )
     assert last.outcome == "failed" and last.policy == "wait_all"
     assert last.callback_msg_id == cb.msg_id
     results = client.barrier_results(bid)
@@ -128,7 +142,7 @@ def test_poison_dropped_member_counts_as_failed_and_barrier_fires(
     expire_all(sql)
     assert client.read("work", vt=60, qty=5) == []
     [cb] = callbacks(client, sql)
-    assert cb.headers is not None and (cb.headers["succeeded"], cb.headers["failed"]) == (1, 1)
+    assert cb.callback is not None and (cb.callback.succeeded, cb.callback.failed) == (1, 1)
     r = client.barrier_results(bid)[1]
     assert r.outcome == "poisoned" and "max_attempts exceeded" in r.result["reason"]
 
@@ -174,7 +188,7 @@ def test_empty_fan_out_fires_at_once(client: Client, queues: Any, sql: Any) -> N
     s = client.barrier_status(bid)
     assert (s.state, s.total, s.remaining) == ("fired", 0, 0)
     [cb] = callbacks(client, sql)
-    assert cb.headers is not None and cb.headers["total"] == 0
+    assert cb.callback is not None and cb.callback.total == 0
 
 
 def test_reused_barrier_id_returns_existing_or_conflicts(
@@ -217,19 +231,29 @@ def test_a_barrier_id_reused_for_another_fan_out_of_the_same_size_is_a_conflict(
     assert client.metrics("work").queue_length == 2  # nothing more was enqueued
 
 
-def test_a_callback_does_not_carry_a_member_index_passed_on_by_a_nested_fan_out(
+def test_a_handler_passes_on_its_members_own_headers_and_never_pgqueues(
     client: Client, queues: Any, sql: Any
 ) -> None:
-    client.fan_out("work", ["parent"], callback_queue="callbacks", callback_message={})
+    client.fan_out(
+        "work", ["parent"], callback_queue="callbacks", callback_message={}, headers={"t": 1}
+    )
     [member] = client.read("work", vt=30, qty=1)
     assert member.headers is not None and member.member_index == 0
-    # a handler passes its member's headers on to the fan-out it starts
+    # pgqueue's keys on it cannot be sent: nothing of the call is
+    with pytest.raises(InvalidArgument, match="_pg_member"):
+        client.fan_out(
+            "work", [], callback_queue="callbacks", callback_message={}, headers=member.headers
+        )
+    assert callbacks(client, sql) == []
+    # its producer's headers can: the nested fan-out's callback is its own
+    assert member.caller_headers == {"t": 1}
     nested = client.fan_out(
-        "work", [], callback_queue="callbacks", callback_message={}, headers=member.headers
+        "work", [], callback_queue="callbacks", callback_message={}, headers=member.caller_headers
     )
     [cb] = callbacks(client, sql)
     assert cb.is_callback and cb.barrier_id == nested
-    assert cb.member_index is None and "member_index" not in (cb.headers or {})
+    assert cb.member_index is None and MEMBER not in (cb.headers or {})
+    assert cb.caller_headers == {"t": 1}
 
 
 def test_fan_out_in_callers_transaction_rolls_back_whole(
@@ -284,8 +308,8 @@ def test_overdue_barrier_expires_with_members_timed_out(
     s = client.barrier_status(bid)
     assert (s.state, s.succeeded, s.failed, s.remaining) == ("expired", 1, 2, 0)
     [cb] = callbacks(client, sql)
-    assert cb.headers is not None and cb.headers["state"] == "timed_out"
-    assert cb.headers["outcomes"] == {"succeeded": 1, "timed_out": 2}
+    assert cb.callback is not None and cb.callback.state == "timed_out"
+    assert cb.callback.outcomes == {"succeeded": 1, "timed_out": 2}
     # a late completion acks its message and changes nothing
     client.complete_member("work", members[1].msg_id)
     assert [r.outcome for r in client.barrier_results(bid)] == [

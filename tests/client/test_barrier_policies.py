@@ -24,9 +24,10 @@ def queues(client: Client) -> None:
 
 
 def callbacks(sql: Any) -> list[tuple[Any, ...]]:
-    """Every callback message, visible or not: (msg_id, headers)."""
+    """Every callback message, visible or not: (msg_id, what its firing wrote)."""
     return sql.execute(
-        "SELECT m.msg_id, m.headers FROM pgqueue.message m JOIN pgqueue.queue q USING (queue_id)"
+        "SELECT m.msg_id, m.headers -> '_pg_callback' FROM pgqueue.message m"
+        " JOIN pgqueue.queue q USING (queue_id)"
         " WHERE q.queue_name = 'callbacks' ORDER BY m.msg_id"
     ).fetchall()
 

@@ -5,15 +5,19 @@ The races run on real concurrent connections, many times over.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import psycopg
 import pytest
-from support.db import run_threads
+from support.db import run_threads, wait_until
 
 from pgqueue import (
     Client,
     InvalidArgument,
     Message,
+    QueueInUse,
+    QueueNotFound,
     Step,
     WorkflowConflict,
     WorkflowNotFound,
@@ -43,7 +47,8 @@ def final_callbacks(client: Client, sql: Any) -> list[dict[str, Any]]:
     return [
         r[0]
         for r in sql.execute(
-            "SELECT m.headers FROM pgqueue.message m JOIN pgqueue.queue q USING (queue_id)"
+            "SELECT m.headers -> '_pg_callback' FROM pgqueue.message m"
+            " JOIN pgqueue.queue q USING (queue_id)"
             " WHERE q.queue_name = 'done' ORDER BY m.msg_id"
         )
     ]
@@ -77,7 +82,10 @@ def test_a_diamond_runs_each_step_once_after_its_dependencies_and_calls_back_onc
     s = client.workflow_status(wid)
     assert (s.state, s.steps, s.succeeded, s.steps_left) == ("succeeded", 4, 4, 0)
     [callback] = final_callbacks(client, sql)
-    assert callback["_pg_transport"] is True and callback["workflow_id"] == wid
+    assert callback["kind"] == "workflow" and callback["workflow_id"] == wid
+    [final] = client.read("done", vt=30, qty=5)
+    assert final.is_callback and final.workflow_id == wid and final.barrier_id is None
+    assert final.callback is not None and final.callback.kind == "workflow"
     assert callback["state"] == "succeeded"
     assert callback["steps"] == dict.fromkeys(["check", "charge", "pack", "ship"], "succeeded")
     [packed] = client.step_results(wid, "pack")
@@ -303,3 +311,145 @@ def test_a_10000_member_fan_out_then_a_join_then_another_fan_out(
     s = client.workflow_status(wid)
     assert (s.state, s.succeeded) == ("succeeded", 3)
     assert len(client.step_results(wid, "split")) == 10_000
+
+
+def _wait_for_lock_wait(sql: Any, timeout: float = 30) -> None:
+    """Until some session of this database waits for a lock (the call under test blocks)."""
+    wait_until(
+        lambda: (
+            sql.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            ).fetchone()[0]
+            > 0
+        ),
+        timeout,
+    )
+
+
+def _cancel_in_thread(dsn: str, wid: str) -> tuple[threading.Thread, list[Any]]:
+    got: list[Any] = []
+
+    def cancel() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            got.append(
+                conn.execute("SELECT state FROM pgqueue.cancel_workflow(%s)", (wid,)).fetchone()
+            )
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    return thread, got
+
+
+def test_a_step_enqueued_by_a_completion_cancel_waited_for_is_cancelled_and_never_read(
+    client: Client, queues: None, sql: Any, dsn: str
+) -> None:
+    """cancel_workflow listed the barriers to cancel before it locked the workflow: a step that
+    a completion still in flight enqueued kept its message, under a step marked cancelled."""
+    wid = client.start_workflow(
+        "w", [Step("a", "steps", 1), Step("b", "steps", 2, depends_on=("a",))]
+    )
+    [a] = client.read("steps", vt=60, qty=5)
+    with psycopg.connect(dsn) as completing:
+        completing.execute("SELECT pgqueue.complete_member('steps', %s)", (a.msg_id,))
+        thread, got = _cancel_in_thread(dsn, wid)
+        _wait_for_lock_wait(sql)
+        completing.commit()  # b is enqueued now, while cancel waits
+    thread.join(30)
+    assert got == [("cancelled",)]
+    assert states(client, wid) == {"a": "succeeded", "b": "cancelled"}
+    assert client.read("steps", vt=60, qty=5) == []  # b's message is gone, not run
+    assert client.metrics("steps").queue_length == 0
+
+
+def test_a_step_grafted_by_add_steps_cancel_waited_for_is_cancelled_and_never_read(
+    client: Client, queues: None, sql: Any, dsn: str
+) -> None:
+    wid = client.start_workflow("w", [Step("a", "steps", 1)], sealed=False)
+    with psycopg.connect(dsn) as grafting:
+        grafting.execute(
+            'SELECT pgqueue.add_steps(%s, \'[{"step": "g", "queue": "steps", "message": 2}]\')',
+            (wid,),
+        )
+        thread, got = _cancel_in_thread(dsn, wid)
+        _wait_for_lock_wait(sql)
+        grafting.commit()
+    thread.join(30)
+    assert got == [("cancelled",)]
+    assert states(client, wid) == {"a": "cancelled", "g": "cancelled"}
+    assert client.read("steps", vt=60, qty=5) == []
+
+
+@pytest.mark.parametrize("round_", range(8))
+def test_cancel_racing_completions_leaves_no_message_of_a_cancelled_step(
+    client: Client, queues: None, dsn: str, round_: int
+) -> None:
+    """Real threads, no held transaction: every step's completion and a cancel at once."""
+    width = 6
+    wid = client.start_workflow(
+        f"r{round_}",
+        [Step(f"a{i}", "steps", i) for i in range(width)]
+        + [Step(f"b{i}", "steps", i, depends_on=(f"a{i}",)) for i in range(width)],
+    )
+    firsts = client.read("steps", vt=60, qty=width)
+    assert len(firsts) == width
+
+    def act(i: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if i == width:
+                conn.execute("SELECT pgqueue.cancel_workflow(%s)", (wid,))
+            else:
+                conn.execute("SELECT pgqueue.complete_member('steps', %s)", (firsts[i].msg_id,))
+
+    run_threads(width + 1, act)
+    assert client.workflow_status(wid).state == "cancelled"
+    cancelled = {s.step for s in client.workflow_steps(wid) if s.state == "cancelled"}
+    left = client.read("steps", vt=60, qty=100)
+    assert [m.step for m in left if m.step in cancelled] == []
+    # nothing was leased when the cancel ran: every step not run is cancelled
+    assert {m.step for m in left} == set()
+
+
+def test_a_queue_a_running_workflow_calls_back_into_cannot_be_dropped(
+    client: Client, queues: None, sql: Any
+) -> None:
+    """Dropping it lost the final callback: the workflow said succeeded, with no callback."""
+    wid = client.start_workflow("w", [Step("a", "steps", 1)], callback_queue="done")
+    with pytest.raises(QueueInUse, match="final callbacks of 1 running workflow"):
+        client.drop_queue("done")
+    run_ready(client)
+    s = client.workflow_status(wid)
+    assert s.state == "succeeded" and s.callback_msg_id is not None
+    [final] = client.read("done", vt=30, qty=5)
+    assert final.msg_id == s.callback_msg_id and final.workflow_id == wid
+    assert client.drop_queue("done")  # nothing calls back into it any more
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_start_workflow_and_drop_queue_racing_never_both_win(
+    client: Client, queues: None, dsn: str, round_: int
+) -> None:
+    client.create_queue("cb")
+    outcome: dict[str, Any] = {}
+
+    def act(i: int) -> None:
+        c = Client.from_dsn(dsn, max_size=1)
+        try:
+            if i == 0:
+                c.start_workflow("w", [Step("a", "steps", 1)], callback_queue="cb")
+                outcome["started"] = True
+            else:
+                outcome["dropped"] = c.drop_queue("cb")
+        except (QueueInUse, QueueNotFound) as exc:
+            outcome[type(exc).__name__] = True
+        finally:
+            c.close()
+
+    run_threads(2, act)
+    if outcome.get("started"):
+        assert "dropped" not in outcome and outcome.get("QueueInUse")
+        assert client.workflow_status("w").callback_queue == "cb"
+    else:
+        assert outcome.get("dropped") is True and outcome.get("QueueNotFound")
+        with pytest.raises(WorkflowNotFound):
+            client.workflow_status("w")

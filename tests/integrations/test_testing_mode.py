@@ -307,7 +307,7 @@ def test_a_fan_outs_callback_runs_exactly_once_after_its_members(client: pgqueue
     assert order == ["member"] * 4 + ["callback"]
     [callback] = callbacks
     assert callback.is_callback and callback.message == {"album": 7}
-    assert callback.headers is not None and callback.headers["succeeded"] == 4
+    assert callback.callback is not None and callback.callback.succeeded == 4
     assert client.barrier_status(barrier_id).state == "fired"
     assert sorted(r.result["px"] for r in client.barrier_results(barrier_id)) == [0, 10, 20, 30]
     assert len(drained.acked) == 5

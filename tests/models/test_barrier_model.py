@@ -206,7 +206,7 @@ class BarrierModel(RuleBasedStateMachine):
     def read_everything(self) -> None:
         # vt=0: every live member is a candidate; exhausted ones are poison-dropped
         # (in one statement, counted together), which may cancel others first
-        got = {m.msg_id: m.read_ct for m in self.call(q.read("work", 0, 100))}
+        got = {m.msg_id: m.read_ct for m in self.call(q.read("work", 0, 100)).messages}
         exhausted = [i for i, read_ct in self.live.items() if read_ct >= MAX_ATTEMPTS]
         for msg_id in exhausted:
             del self.live[msg_id]
@@ -251,7 +251,8 @@ class BarrierModel(RuleBasedStateMachine):
     @invariant()
     def one_callback_per_resolved_barrier(self) -> None:
         rows = self.conn.execute(
-            "SELECT headers->>'barrier_id', count(*), min(headers->>'state') FROM pgqueue.message"
+            "SELECT headers->'_pg_callback'->>'barrier_id', count(*),"
+            " min(headers->'_pg_callback'->>'state') FROM pgqueue.message"
             " WHERE queue_id = (SELECT queue_id FROM pgqueue.queue WHERE queue_name = 'cb')"
             " GROUP BY 1"
         ).fetchall()

@@ -139,7 +139,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(qty=st.integers(0, 5), vt=SECONDS)
     def read(self, qty: int, vt: int) -> None:
         waiting, poisoned = len(self._visible()), len(self.poisoned)
-        got = self.call(q.read(QUEUE, vt, qty))
+        got = self.call(q.read(QUEUE, vt, qty)).messages
         assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._take(qty, vt, False)
         self.leases += [(m.msg_id, m.read_ct) for m in got]
         dropped = len(self.poisoned) - poisoned
@@ -149,7 +149,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule(qty=st.integers(1, 3))
     def pop(self, qty: int) -> None:
-        got = self.call(q.pop(QUEUE, qty))
+        got = self.call(q.pop(QUEUE, qty)).messages
         assert [(m.msg_id, m.read_ct, m.message) for m in got] == self._take(qty, 0, True)
 
     @precondition(lambda self: self.known)

@@ -281,7 +281,8 @@ class Workflows(RuleBasedStateMachine):
     @invariant()
     def one_final_callback_per_finished_workflow(self) -> None:
         rows = self.conn.execute(
-            "SELECT m.headers->>'workflow_id', count(*), min(m.headers->>'state')"
+            "SELECT m.headers->'_pg_callback'->>'workflow_id', count(*),"
+            " min(m.headers->'_pg_callback'->>'state')"
             " FROM pgqueue.message m JOIN pgqueue.queue x USING (queue_id)"
             " WHERE x.queue_name = %s GROUP BY 1",
             (DONE,),

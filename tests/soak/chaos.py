@@ -606,6 +606,19 @@ def expected_outcome(payload: Any) -> str:
     return "poisoned" if isinstance(payload, dict) and payload.get("perm") else "succeeded"
 
 
+def pgqueue_keys(headers: dict[str, Any]) -> dict[str, Any]:
+    """What pgqueue wrote on a message (docs/security.md), flattened for the books:
+    _pg_transport, a callback's record, a member's barrier_id and member_index, a step's."""
+    flat: dict[str, Any] = dict(headers.get("_pg_callback") or {})
+    member = headers.get("_pg_member") or {}
+    if member:
+        flat.update(barrier_id=member.get("barrier_id"), member_index=member.get("index"))
+    flat.update(headers.get("_pg_step") or {})
+    if headers.get("_pg_transport") is True:
+        flat["_pg_transport"] = True
+    return flat
+
+
 def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> Report:
     """Balance the books from the database and the handlers' log."""
     rep = Report()
@@ -615,7 +628,7 @@ def check(dsn: str, logdir: Path, ledger: Ledger | None, bound: int | None) -> R
         for qid, mid, message, headers in conn.execute(
             "SELECT queue_id, msg_id, message, headers FROM soak_audit WHERE op = 'I'"
         ):
-            inserted[(names[qid], mid)] = (message, headers or {})
+            inserted[(names[qid], mid)] = (message, pgqueue_keys(headers or {}))
         deleted: dict[tuple[str, int], int] = {}
         deleted_twice = []
         for qid, mid, read_ct in conn.execute(

@@ -84,14 +84,15 @@ def jobs(msg: Message) -> Any:
 def callback(msg: Message, conn: psycopg.Connection[Any]) -> None:
     """Record the barrier's outcome once; a nested callback fans out a child batch."""
     log(msg, "start")
-    h = msg.headers or {}
+    cb = msg.callback
+    assert cb is not None, "a callback queue's message that no firing wrote"
     p: dict[str, Any] = msg.message if isinstance(msg.message, dict) else {}
     if msg.workflow_id is not None:  # a workflow's final callback
         if guard(conn, f"soak-workflow:{msg.workflow_id}"):
             conn.execute(
                 "INSERT INTO soak_workflow_callback (workflow_id, msg_id, state)"
                 " VALUES (%s, %s, %s)",
-                (msg.workflow_id, msg.msg_id, h.get("state")),
+                (msg.workflow_id, msg.msg_id, cb.state),
             )
         log(msg, "done")
         return
@@ -99,7 +100,7 @@ def callback(msg: Message, conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             "INSERT INTO soak_callback (barrier_id, msg_id, total, succeeded, failed)"
             " VALUES (%s, %s, %s, %s, %s)",
-            (msg.barrier_id, msg.msg_id, h.get("total"), h.get("succeeded"), h.get("failed")),
+            (msg.barrier_id, msg.msg_id, cb.total, cb.succeeded, cb.failed),
         )
         children = p.get("children") or []
         if children:

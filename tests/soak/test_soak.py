@@ -58,11 +58,12 @@ def run_by_hand(client: Client, dsn: str) -> str:
             client.archive(soak_app.WORK, msg.msg_id)
     [cb] = client.read(soak_app.CALLBACKS, vt=30, qty=10)
     soak_app.log(cb, "start")
-    h = cb.headers or {}
+    h = cb.callback
+    assert h is not None
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO soak_callback VALUES (%s, %s, %s, %s, %s)",
-            (bid, cb.msg_id, h["total"], h["succeeded"], h["failed"]),
+            (bid, cb.msg_id, h.total, h.succeeded, h.failed),
         )
     soak_app.log(cb, "done")
     client.archive(soak_app.CALLBACKS, cb.msg_id)

@@ -27,8 +27,9 @@ def callback_rows(conn: Any, barrier_id: str) -> int:
     return int(
         conn.execute(
             "SELECT (SELECT count(*) FROM pgqueue.message WHERE headers->>'_pg_transport' = 'true'"
-            "          AND headers->>'barrier_id' = %(b)s)"
-            " + (SELECT count(*) FROM pgqueue.archive WHERE headers->>'barrier_id' = %(b)s"
+            "          AND headers->'_pg_callback'->>'barrier_id' = %(b)s)"
+            " + (SELECT count(*) FROM pgqueue.archive"
+            "     WHERE headers->'_pg_callback'->>'barrier_id' = %(b)s"
             "          AND headers ? '_pg_transport')",
             {"b": barrier_id},
         ).fetchone()[0]

@@ -115,7 +115,7 @@ def test_dedupe_key_is_single_flight_while_holders_are_acked_concurrently(
     def consumer() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             while not stop.is_set():
-                for m in Client.run(client, q.read("flight", 30, 5), conn):
+                for m in Client.run(client, q.read("flight", 30, 5), conn).messages:
                     Client.run(client, q.delete("flight", m.msg_id), conn)
 
     consumers = [threading.Thread(target=consumer) for _ in range(2)]

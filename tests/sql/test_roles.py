@@ -22,8 +22,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from support.db import create_database, drop_database, wait_until, with_dbname
+from support.roles import as_user, drop_roles
 
 import pgqueue
 from pgqueue import (
@@ -52,72 +53,6 @@ LATEST = available()[-1].version
 HEARTBEAT = workers_calls.worker_heartbeat(
     uuid.uuid4(), "host", 1, ["jobs"], 1, 0, False, {"jobs": (2, 0, 0)}
 )
-
-
-def as_user(dsn: str, user: str) -> str:
-    """The same database, logged in as `user` (trust auth)."""
-    params: dict[str, Any] = conninfo_to_dict(dsn)
-    params["user"] = user
-    return make_conninfo("", **params)
-
-
-def drop_roles(server_dsn: str, dsns: list[str], names: list[str]) -> None:
-    """Drop test roles: their sessions, what they hold in each database, then the roles."""
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        found = admin.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (names,))
-        names = [r[0] for r in found]
-        if not names:
-            return
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = ANY(%s)",
-            (names,),
-        )
-    idents = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names)
-    for dsn in dsns:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(pgsql.SQL("DROP OWNED BY {}").format(idents))
-        except psycopg.OperationalError:
-            pass  # that database is gone already
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(idents))
-
-
-@pytest.fixture
-def make_login(server_dsn: str, dsn: str) -> Iterator[Callable[..., str]]:
-    """make_login(label, *groups): a new LOGIN role in those groups; its name."""
-    made: list[str] = []
-
-    def make(label: str, *groups: str) -> str:
-        name = f"pgq_t_{uuid.uuid4().hex[:10]}_{label}"
-        with psycopg.connect(server_dsn, autocommit=True) as admin:
-            admin.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(name)))
-            made.append(name)
-            for group in groups:
-                admin.execute(
-                    pgsql.SQL("GRANT {} TO {}").format(
-                        pgsql.Identifier(group), pgsql.Identifier(name)
-                    )
-                )
-        return name
-
-    yield make
-    drop_roles(server_dsn, [dsn], made)
-
-
-@pytest.fixture
-def connect_as(dsn: str) -> Iterator[Callable[[str], Client]]:
-    """connect_as(role): a Client logged in as that role on this test's database."""
-    opened: list[Client] = []
-
-    def connect(role: str) -> Client:
-        c = Client.from_dsn(as_user(dsn, role), max_size=4, retry=pgqueue.RetryPolicy(attempts=1))
-        opened.append(c)
-        return c
-
-    yield connect
-    for c in opened:
-        c.close()
 
 
 @pytest.fixture
@@ -502,7 +437,7 @@ def test_consumer_worker_runs_a_fan_out_to_its_callback(
 
     @app.handler("album_done", transactional=True)
     def album_done(msg: pgqueue.Message, conn: psycopg.Connection[Any]) -> None:
-        called.append((msg.headers or {}, pgqueue.guard(conn, f"album:{msg.barrier_id}")))
+        called.append((msg.callback, pgqueue.guard(conn, f"album:{msg.barrier_id}")))
 
     barrier = producer.fan_out(
         "resize",
@@ -525,9 +460,9 @@ def test_consumer_worker_runs_a_fan_out_to_its_callback(
         thread.join(15)
         wclient.close()
     assert not thread.is_alive()
-    [(headers, first)] = called
-    assert first is True
-    assert (headers["succeeded"], headers["failed"], headers["state"]) == (3, 1, "failed")
+    [(cb, first)] = called
+    assert first is True and cb is not None and cb.barrier_id == barrier
+    assert (cb.succeeded, cb.failed, cb.state) == (3, 1, "failed")
     outcomes = [r.outcome for r in client.barrier_results(barrier)]
     assert outcomes == ["succeeded", "succeeded", "poisoned", "succeeded"]
     assert client.metrics("resize").queue_length == 0

@@ -282,3 +282,17 @@ def captured_logs() -> Iterator[list[dict[str, Any]]]:
             yield logs
     finally:
         structlog.configure(**saved)
+
+
+def plant(sql: Any, queue: str, message: str, headers: str | None = None) -> int:
+    """As the owner, a live message no entry would take (pgqueue's entries refuse a document
+    its readers cannot decode): what an older version, an import or a direct write left.
+    `message` and `headers` are JSON text; its msg_id."""
+    row = sql.execute(
+        "INSERT INTO pgqueue.message (queue_id, msg_id, enqueued_at, vt, message, headers)"
+        " SELECT q.queue_id, nextval(q.msg_seq), clock_timestamp(), clock_timestamp(),"
+        " %s::jsonb, %s::jsonb FROM pgqueue.queue q WHERE q.queue_name = %s RETURNING msg_id",
+        (message, headers, queue),
+    ).fetchone()
+    assert row is not None, f"no queue {queue}"
+    return int(row[0])

@@ -12,7 +12,7 @@ from django.db import connections  # type: ignore[import-untyped]
 
 from pgqueue._client import Client
 from pgqueue.contrib.django.conf import dsn, get_settings
-from pgqueue.types import JSON
+from pgqueue.types import JSON, Duration
 
 _lock = threading.Lock()
 _client: Client | None = None
@@ -54,7 +54,7 @@ def send(
     *,
     using: str | None = None,
     headers: dict[str, Any] | None = None,
-    delay: int = 0,
+    delay: Duration = 0,
     dedupe_key: str | None = None,
 ) -> int:
     """client().send() in Django's current transaction on `using`; its msg_id.
@@ -79,7 +79,7 @@ def send_batch(
     *,
     using: str | None = None,
     headers: Sequence[dict[str, Any] | None] | None = None,
-    delay: int = 0,
+    delay: Duration = 0,
 ) -> list[int]:
     """client().send_batch() in Django's current transaction on `using`; the msg_ids in order."""
     return client().send_batch(
