@@ -359,6 +359,8 @@ def uninstall(conn: psycopg.Connection[Any]) -> bool:
             if found.extension is not None:
                 conn.execute("DROP EXTENSION pgmq CASCADE")
             conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+            # its rows of the one role model go with it (sql/pgmq/10_facade.sql)
+            conn.execute("DELETE FROM pgqueue.role_grant WHERE object LIKE 'pgmq.%'")
             return True
         if found.real_pgmq is not None:
             raise PgmqConflict(

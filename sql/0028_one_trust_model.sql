@@ -1092,4 +1092,148 @@ UPDATE pgqueue.poison m
  WHERE m.queue_id = w.callback_queue_id AND m.msg_id = w.callback_msg_id
    AND m.headers -> '_pg_transport' = 'true' AND NOT m.headers ? '_pg_callback';
 
+------------------------------------------------------------------------------
+-- The one role model: pgqueue.role_grant says it for both schemas
+------------------------------------------------------------------------------
+
+-- Who may call or read what, in schema pgqueue and in the pgmq facade's
+-- schema alike, one row per object (docs/security.md, "The one role model").
+-- A function's row names it by signature (as regprocedure spells it), or by
+-- schema and name for every overload of that name (the facade's); a
+-- relation's by schema and name, `*` standing for any characters (the
+-- facade's per-queue views). A function whose name starts with `_` is
+-- internal and granted to no one; every other function of either schema has
+-- a row, roles '{}' for one granted to no one (tests/sql/test_roles.py fails
+-- on one without). A relation without a row is granted to no one.
+ALTER TABLE pgqueue.role_grant RENAME COLUMN function_signature TO object;
+ALTER TABLE pgqueue.role_grant
+    ADD COLUMN kind text NOT NULL DEFAULT 'function' CHECK (kind IN ('function', 'relation'));
+INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
+    ('pgqueue.grant_roles()', '{}', 'function'),
+    ('pgqueue.schema_version', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}', 'relation')
+ON CONFLICT (object) DO NOTHING;
+
+-- Grants SELECT on one relation of either schema to the roles its row names
+-- (where they exist). Run by grant_roles for every relation, and by the
+-- facade for each view it makes.
+CREATE OR REPLACE FUNCTION pgqueue._grant_relation(p_rel regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    r text;
+BEGIN
+    SELECT n.nspname || '.' || c.relname INTO v_name
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    FOR r IN SELECT DISTINCT x FROM pgqueue.role_grant g, unnest(g.roles) x
+              WHERE g.kind = 'relation'
+                AND v_name LIKE replace(replace(g.object, '_', '\_'), '*', '%')
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = x)
+              ORDER BY 1
+    LOOP
+        EXECUTE format('GRANT SELECT ON %s TO %I', p_rel, r);
+    END LOOP;
+END
+$$;
+
+-- Applies pgqueue.role_grant to both schemas: creates the roles where
+-- missing (if this role may), makes every pgqueue API function SECURITY
+-- DEFINER with the fixed search_path (the facade's declare their own), takes
+-- every right on the schemas' functions, tables and sequences from PUBLIC
+-- and from the three roles, and grants each role exactly its rows.
+-- Idempotent; run by the owner (or a superuser). Returns the roles that hold
+-- their grants now.
+CREATE OR REPLACE FUNCTION pgqueue.grant_roles() RETURNS text[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c_config constant text := 'search_path=pg_catalog, pgqueue, pg_temp';
+    v_ready text[] := '{}';
+    v_missing text[] := '{}';
+    v_owner regrole;
+    r text;
+    s text;
+    f record;
+BEGIN
+    FOR r IN SELECT DISTINCT x FROM pgqueue.role_grant g, unnest(g.roles) x ORDER BY x LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION
+                WHEN duplicate_object OR unique_violation THEN
+                    NULL;  -- created meanwhile by a migration of another database
+                WHEN insufficient_privilege THEN
+                    v_missing := v_missing || r;
+                    CONTINUE;
+            END;
+        END IF;
+        v_ready := v_ready || r;
+    END LOOP;
+
+    FOR f IN SELECT p.oid::regprocedure AS fn, p.prosecdef, p.proconfig
+               FROM pgqueue.role_grant g
+               JOIN pg_proc p ON p.oid = CASE WHEN strpos(g.object, '(') > 0 THEN to_regprocedure(g.object) END
+              WHERE g.kind = 'function' AND cardinality(g.roles) > 0
+                AND p.pronamespace = 'pgqueue'::regnamespace
+    LOOP
+        IF NOT f.prosecdef OR NOT coalesce(f.proconfig @> ARRAY[c_config], false) THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp',
+                           f.fn);
+        END IF;
+    END LOOP;
+
+    FOR s IN SELECT n.nspname FROM pg_namespace n WHERE n.nspname IN ('pgqueue', 'pgmq') ORDER BY 1 LOOP
+        EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %I FROM PUBLIC', s);
+        EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM PUBLIC', s);
+        EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA %I FROM PUBLIC', s);
+        FOREACH r IN ARRAY v_ready LOOP
+            -- exactly the listed objects, also after a row changed its roles
+            EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %I FROM %I', s, r);
+            EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM %I', s, r);
+            EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', s, r);
+        END LOOP;
+    END LOOP;
+
+    FOR f IN WITH fns AS MATERIALIZED (
+                 SELECT g.object, g.roles,
+                        CASE WHEN strpos(g.object, '(') > 0 THEN to_regprocedure(g.object) END AS fn
+                   FROM pgqueue.role_grant g WHERE g.kind = 'function'
+             )
+             SELECT DISTINCT p.oid::regprocedure AS fn, x AS role
+               FROM fns, unnest(fns.roles) x, pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname IN ('pgqueue', 'pgmq') AND x = ANY (v_ready)
+                AND (p.oid = fns.fn OR (fns.fn IS NULL AND strpos(fns.object, '(') = 0
+                                        AND n.nspname || '.' || p.proname = fns.object))
+              ORDER BY 1, 2
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.fn, f.role);
+    END LOOP;
+    PERFORM pgqueue._grant_relation(c.oid::regclass)
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname IN ('pgqueue', 'pgmq') AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S');
+
+    -- The late sweep of the read lanes (0005) reads pg_stat_activity as the
+    -- owner: sessions of roles whose details the owner may not see count as
+    -- infinitely old, and then no sweep raises the safe floors.
+    SELECT n.nspowner::regrole INTO v_owner FROM pg_namespace n WHERE n.nspname = 'pgqueue';
+    IF NOT pg_has_role(v_owner, 'pg_read_all_stats', 'USAGE') THEN
+        RAISE NOTICE 'pgqueue: role %, the owner of schema pgqueue, cannot see other roles'' sessions in pg_stat_activity',
+            v_owner
+            USING HINT = format('Have an administrator run GRANT pg_read_all_stats TO %s; without it, reads'
+                                ' cannot raise the read lanes'' safe floors while sessions of other roles'
+                                ' are connected (see docs/security.md).', v_owner);
+    END IF;
+
+    IF cardinality(v_missing) > 0 THEN
+        RAISE NOTICE 'pgqueue: role % may not create roles, so % do not exist and nobody may call pgqueue''s functions but the owner',
+            current_user, array_to_string(v_missing, ', ')
+            USING HINT = format('Have an administrator run %s then run SELECT pgqueue.grant_roles(); as %s (see docs/security.md).',
+                                (SELECT string_agg(format('CREATE ROLE %I NOLOGIN;', m), ' ') FROM unnest(v_missing) m),
+                                current_user);
+    END IF;
+    RETURN v_ready;
+END
+$$;
+
 SELECT pgqueue.grant_roles();

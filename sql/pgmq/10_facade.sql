@@ -201,22 +201,18 @@ BEGIN
 END
 $$;
 
--- Gives SELECT on a view to pgqueue's consumer and operator roles, where
--- they exist, and makes it read-only.
+-- Makes a view read-only, and gives SELECT on it to the roles
+-- pgqueue.role_grant names for it.
 CREATE FUNCTION pgmq._publish_view(view_name text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    r text;
 BEGIN
     EXECUTE format('CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON pgmq.%I'
                    ' FOR EACH ROW EXECUTE FUNCTION pgmq._read_only()', view_name);
-    FOREACH r IN ARRAY ARRAY['pgqueue_consumer', 'pgqueue_operator'] LOOP
-        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
-            EXECUTE format('GRANT SELECT ON pgmq.%I TO %I', view_name, r);
-        END IF;
-    END LOOP;
+    -- its readers as pgqueue.role_grant says (q_* and a_*: the operator's,
+    -- as peek is; meta: the consumer's and the operator's, as list_queues)
+    PERFORM pgqueue._grant_relation(format('pgmq.%I', view_name)::regclass);
 END
 $$;
 
@@ -1037,38 +1033,37 @@ AS $$
 $$;
 
 ------------------------------------------------------------------------------
--- Privileges
+-- Privileges: the facade's rows of pgqueue.role_grant, the one role model
 ------------------------------------------------------------------------------
 
-DO $$
-DECLARE
-    f record;
-    r text;
-    v_consumer constant text[] := ARRAY[
-        'send', 'send_batch', 'read', 'read_with_poll', 'pop', 'read_grouped', 'read_grouped_with_poll',
-        'read_grouped_rr', 'read_grouped_rr_with_poll', 'read_grouped_head', 'read_grouped_head_with_poll',
-        'delete', 'archive', 'set_vt', 'list_queues', 'metrics', 'metrics_all', 'format_table_name',
-        'validate_queue_name', 'list_notify_insert_throttles'];
-    v_producer constant text[] := ARRAY['send', 'send_batch', 'format_table_name', 'validate_queue_name'];
-BEGIN
-    FOR f IN SELECT p.oid::regprocedure AS fn, p.proname FROM pg_proc p
-              WHERE p.pronamespace = 'pgmq'::regnamespace ORDER BY 1
-    LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.fn);
-        CONTINUE WHEN left(f.proname, 1) = '_';  -- internal: called by the functions below only
-        FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_consumer', 'pgqueue_operator'] LOOP
-            IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)
-               AND (r = 'pgqueue_operator'
-                    OR (r = 'pgqueue_consumer' AND f.proname = ANY (v_consumer))
-                    OR (r = 'pgqueue_producer' AND f.proname = ANY (v_producer))) THEN
-                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.fn, r);
-            END IF;
-        END LOOP;
-    END LOOP;
-    FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_consumer', 'pgqueue_operator'] LOOP
-        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
-            EXECUTE format('GRANT USAGE ON SCHEMA pgmq TO %I', r);
-        END IF;
-    END LOOP;
-END
-$$;
+-- Each function by name (every overload), each relation by name: the roles
+-- that may call or read it, as for pgqueue's functions that do the same
+-- (docs/security.md, "The one role model"): sends are everyone's; reads,
+-- acks and set_vt the consumer's alone (not the operator's, which may not
+-- ack or complete a barrier's member); queue administration the operator's;
+-- the queue and archive views the operator's alone (reading them is a peek);
+-- the queue list and metrics the consumer's and the operator's. Internal
+-- functions (`_` names) are granted to no one. The topics' rows are in
+-- 20_topics.sql. pgqueue.grant_roles() applies them, with pgqueue's own.
+DELETE FROM pgqueue.role_grant WHERE object LIKE 'pgmq.%';
+INSERT INTO pgqueue.role_grant (object, roles, kind)
+SELECT 'pgmq.' || f, r, 'function'
+  FROM (VALUES
+        ('{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'::text[],
+         ARRAY['send', 'send_batch', 'format_table_name', 'validate_queue_name']),
+        ('{pgqueue_consumer}', ARRAY['read', 'read_with_poll', 'pop', 'read_grouped', 'read_grouped_with_poll',
+                                     'read_grouped_rr', 'read_grouped_rr_with_poll', 'read_grouped_head',
+                                     'read_grouped_head_with_poll', 'delete', 'archive', 'set_vt']),
+        ('{pgqueue_consumer,pgqueue_operator}',
+         ARRAY['list_queues', 'metrics', 'metrics_all', 'list_notify_insert_throttles']),
+        ('{pgqueue_operator}', ARRAY['create', 'create_non_partitioned', 'create_unlogged', 'create_partitioned',
+                                     'convert_archive_partitioned', 'detach_archive', 'drop_queue', 'purge_queue',
+                                     'enable_notify_insert', 'disable_notify_insert', 'update_notify_insert',
+                                     'create_fifo_index', 'create_fifo_indexes_all', 'acquire_queue_lock'])
+       ) AS a (r, fs), unnest(a.fs) AS f;
+INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
+    ('pgmq.meta', '{pgqueue_consumer,pgqueue_operator}', 'relation'),
+    ('pgmq.q_*', '{pgqueue_operator}', 'relation'),
+    ('pgmq.a_*', '{pgqueue_operator}', 'relation'),
+    ('pgmq.queue_name_map', '{}', 'relation');
+SELECT pgqueue.grant_roles();

@@ -335,43 +335,19 @@ LANGUAGE sql AS $$
     SELECT * FROM pgmq.send_batch_topic($1, $2, NULL::jsonb[], $3);
 $$;
 
--- Rights: nothing for PUBLIC; the pgqueue roles that exist get what their
--- counterparts in the pgqueue schema get (sql/schema/roles.sql): binding is
--- administration (operator), sending is for everyone who may send, and
--- looking at the bindings for everyone. The internal helpers (`_` names) are
--- reached only through the SECURITY DEFINER functions above.
-REVOKE ALL ON TABLE pgmq.topic_bindings FROM PUBLIC;
-DO $$
-DECLARE
-    g record;
-BEGIN
-    FOR g IN
-        SELECT p.oid::regprocedure AS fn
-          FROM pg_proc p
-         WHERE p.pronamespace = 'pgmq'::regnamespace
-           AND p.proname IN ('validate_routing_key', 'validate_topic_pattern', 'bind_topic', 'unbind_topic',
-                             'test_routing', 'send_topic', 'send_batch_topic', 'list_topic_bindings',
-                             '_topic_problem', '_unbind_dropped_queues', '_topic_queues')
-    LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', g.fn);
-    END LOOP;
-
-    FOR g IN
-        SELECT r.rolname, p.oid::regprocedure AS fn
-          FROM (VALUES ('validate_routing_key', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'::text[]),
-                       ('validate_topic_pattern', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-                       ('send_topic', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-                       ('send_batch_topic', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-                       ('test_routing', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-                       ('list_topic_bindings', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
-                       ('bind_topic', '{pgqueue_operator}'),
-                       ('unbind_topic', '{pgqueue_operator}')) AS a (proname, roles)
-          JOIN pg_proc p ON p.proname = a.proname AND p.pronamespace = 'pgmq'::regnamespace
-          JOIN pg_roles r ON r.rolname = ANY (a.roles)
-         ORDER BY 1, 2
-    LOOP
-        EXECUTE format('GRANT USAGE ON SCHEMA pgmq TO %I', g.rolname);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', g.fn, g.rolname);
-    END LOOP;
-END
-$$;
+-- Rights, as pgqueue.role_grant says (10_facade.sql): sending by topic is
+-- everyone's who may send, as send is; looking at the bindings and where a
+-- key routes too; binding is administration (the operator's). The table is
+-- read through the functions only.
+INSERT INTO pgqueue.role_grant (object, roles, kind)
+SELECT 'pgmq.' || f, r, 'function'
+  FROM (VALUES
+        ('{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'::text[],
+         ARRAY['send_topic', 'send_batch_topic', 'validate_routing_key', 'validate_topic_pattern',
+               'test_routing', 'list_topic_bindings']),
+        ('{pgqueue_operator}', ARRAY['bind_topic', 'unbind_topic'])
+       ) AS a (r, fs), unnest(a.fs) AS f
+ON CONFLICT (object) DO UPDATE SET roles = excluded.roles, kind = excluded.kind;
+INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES ('pgmq.topic_bindings', '{}', 'relation')
+ON CONFLICT (object) DO UPDATE SET roles = excluded.roles, kind = excluded.kind;
+SELECT pgqueue.grant_roles();

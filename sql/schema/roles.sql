@@ -19,13 +19,23 @@
 -- starting with `_`) get no grants and stay SECURITY INVOKER without SET
 -- clauses, so the small SQL ones are inlined into their callers.
 
--- One row per API function (overloads apart), and the roles that may call it.
+-- The one role model: who may call or read what, in schema pgqueue and in
+-- the pgmq facade's schema alike, one row per object (docs/security.md, "The
+-- one role model"). A function's row names it by signature (as regprocedure
+-- spells it), or by schema and name for every overload of that name (the
+-- facade's rows, which its installer writes: sql/pgmq/); a relation's by
+-- schema and name, `*` standing for any characters (the facade's per-queue
+-- views). A function whose name starts with `_` is internal and granted to
+-- no one; every other function of either schema has a row, roles '{}' for
+-- one granted to no one (tests/sql/test_roles.py fails on one without). A
+-- relation without a row is granted to no one.
 CREATE TABLE pgqueue.role_grant (
-    function_signature text PRIMARY KEY,  -- as regprocedure spells it, schema-qualified
-    roles text[] NOT NULL
+    object text PRIMARY KEY,
+    roles text[] NOT NULL,
+    kind text NOT NULL DEFAULT 'function' CHECK (kind IN ('function', 'relation'))
 );
 
-INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
+INSERT INTO pgqueue.role_grant (object, roles) VALUES
     ('pgqueue.send(text,jsonb,jsonb,integer,text,uuid,text,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.send_keyed(text,jsonb,text,jsonb,integer,uuid,text,text)', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
     ('pgqueue.send_batch(text,jsonb[],jsonb[],integer,text,text,text[])', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'),
@@ -105,11 +115,38 @@ INSERT INTO pgqueue.role_grant (function_signature, roles) VALUES
     ('pgqueue.purge_guards(integer)', '{pgqueue_operator}'),
     ('pgqueue.purge_queue(text)', '{pgqueue_operator}'),
     ('pgqueue.purge_queue_chunk(text,bigint,integer)', '{pgqueue_operator}');
+INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
+    ('pgqueue.grant_roles()', '{}', 'function'),
+    ('pgqueue.schema_version', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}', 'relation');
 
--- Applies pgqueue.role_grant: creates the roles where missing (if this role
--- may), makes every listed function SECURITY DEFINER with the fixed
--- search_path, takes every right on the schema's functions, tables and
--- sequences from PUBLIC, and grants each role exactly its functions.
+-- Grants SELECT on one relation of either schema to the roles its row names
+-- (where they exist). Run by grant_roles for every relation, and by the
+-- facade for each view it makes.
+CREATE FUNCTION pgqueue._grant_relation(p_rel regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    r text;
+BEGIN
+    SELECT n.nspname || '.' || c.relname INTO v_name
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    FOR r IN SELECT DISTINCT x FROM pgqueue.role_grant g, unnest(g.roles) x
+              WHERE g.kind = 'relation'
+                AND v_name LIKE replace(replace(g.object, '_', '\_'), '*', '%')
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = x)
+              ORDER BY 1
+    LOOP
+        EXECUTE format('GRANT SELECT ON %s TO %I', p_rel, r);
+    END LOOP;
+END
+$$;
+
+-- Applies pgqueue.role_grant to both schemas: creates the roles where
+-- missing (if this role may), makes every pgqueue API function SECURITY
+-- DEFINER with the fixed search_path (the facade's declare their own), takes
+-- every right on the schemas' functions, tables and sequences from PUBLIC
+-- and from the three roles, and grants each role exactly its rows.
 -- Idempotent; run by the owner (or a superuser). Returns the roles that hold
 -- their grants now.
 CREATE FUNCTION pgqueue.grant_roles() RETURNS text[]
@@ -122,6 +159,7 @@ DECLARE
     v_missing text[] := '{}';
     v_owner regrole;
     r text;
+    s text;
     f record;
 BEGIN
     FOR r IN SELECT DISTINCT x FROM pgqueue.role_grant g, unnest(g.roles) x ORDER BY x LOOP
@@ -140,7 +178,10 @@ BEGIN
     END LOOP;
 
     FOR f IN SELECT p.oid::regprocedure AS fn, p.prosecdef, p.proconfig
-               FROM pgqueue.role_grant g JOIN pg_proc p ON p.oid = g.function_signature::regprocedure
+               FROM pgqueue.role_grant g
+               JOIN pg_proc p ON p.oid = CASE WHEN strpos(g.object, '(') > 0 THEN to_regprocedure(g.object) END
+              WHERE g.kind = 'function' AND cardinality(g.roles) > 0
+                AND p.pronamespace = 'pgqueue'::regnamespace
     LOOP
         IF NOT f.prosecdef OR NOT coalesce(f.proconfig @> ARRAY[c_config], false) THEN
             EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp',
@@ -148,21 +189,35 @@ BEGIN
         END IF;
     END LOOP;
 
-    REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
-    REVOKE ALL ON ALL TABLES IN SCHEMA pgqueue FROM PUBLIC;
-    REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgqueue FROM PUBLIC;
-
-    FOREACH r IN ARRAY v_ready LOOP
-        -- exactly the listed functions, also after a row changed its roles
-        EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgqueue FROM %I', r);
-        EXECUTE format('GRANT USAGE ON SCHEMA pgqueue TO %I', r);
-        EXECUTE format('GRANT SELECT ON pgqueue.schema_version TO %I', r);
-        FOR f IN SELECT g.function_signature::regprocedure AS fn FROM pgqueue.role_grant g
-                  WHERE r = ANY (g.roles) ORDER BY 1
-        LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.fn, r);
+    FOR s IN SELECT n.nspname FROM pg_namespace n WHERE n.nspname IN ('pgqueue', 'pgmq') ORDER BY 1 LOOP
+        EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %I FROM PUBLIC', s);
+        EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM PUBLIC', s);
+        EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA %I FROM PUBLIC', s);
+        FOREACH r IN ARRAY v_ready LOOP
+            -- exactly the listed objects, also after a row changed its roles
+            EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %I FROM %I', s, r);
+            EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM %I', s, r);
+            EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', s, r);
         END LOOP;
     END LOOP;
+
+    FOR f IN WITH fns AS MATERIALIZED (
+                 SELECT g.object, g.roles,
+                        CASE WHEN strpos(g.object, '(') > 0 THEN to_regprocedure(g.object) END AS fn
+                   FROM pgqueue.role_grant g WHERE g.kind = 'function'
+             )
+             SELECT DISTINCT p.oid::regprocedure AS fn, x AS role
+               FROM fns, unnest(fns.roles) x, pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname IN ('pgqueue', 'pgmq') AND x = ANY (v_ready)
+                AND (p.oid = fns.fn OR (fns.fn IS NULL AND strpos(fns.object, '(') = 0
+                                        AND n.nspname || '.' || p.proname = fns.object))
+              ORDER BY 1, 2
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.fn, f.role);
+    END LOOP;
+    PERFORM pgqueue._grant_relation(c.oid::regclass)
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname IN ('pgqueue', 'pgmq') AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S');
 
     -- The late sweep of the read lanes (0005) reads pg_stat_activity as the
     -- owner: sessions of roles whose details the owner may not see count as

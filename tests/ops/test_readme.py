@@ -23,7 +23,7 @@ def test_fan_out_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys:
     monkeypatch.setenv("PGQUEUE_DSN", dsn)
     exec(compile(python_block_after("## Fan-out and barriers"), "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "{'album': 7}" in out and "'succeeded': 10" in out and "'_pg_transport': True" in out
+    assert "{'album': 7} succeeded 10" in out
 
 
 def test_workflow_example_runs(dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

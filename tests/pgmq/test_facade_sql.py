@@ -900,10 +900,25 @@ def test_pgqueues_roles_get_their_share_and_public_nothing(conn: Conn) -> None:
         " AND has_function_privilege('public', p.oid, 'EXECUTE')",
     )
     assert public == []
-    for view in ("pgmq.meta", "pgmq.q_sec", "pgmq.a_sec"):
-        assert one(conn, "SELECT has_table_privilege(%s, %s, 'SELECT')", consumer, view)
-        assert one(conn, "SELECT has_table_privilege(%s, %s, 'SELECT')", operator, view)
+    # the queue's views are a peek (the operator's); the queue list is everyone's who reads
+    for view, readers in (
+        ("pgmq.meta", (consumer, operator)),
+        ("pgmq.q_sec", (operator,)),
+        ("pgmq.a_sec", (operator,)),
+    ):
+        for role in (producer, consumer, operator):
+            may_read = one(conn, "SELECT has_table_privilege(%s, %s, 'SELECT')", role, view)
+            assert may_read is (role in readers), (role, view)
         assert not one(conn, "SELECT has_table_privilege('public', %s, 'SELECT')", view)
+    # the operator administers and peeks, and never reads, acks or pops
+    for fn in (
+        "pgmq.read(text,integer,integer,jsonb)",
+        "pgmq.pop(text,integer)",
+        "pgmq.delete(text,bigint)",
+        "pgmq.archive(text,bigint[])",
+        "pgmq.set_vt(text,bigint,integer)",
+    ):
+        assert not may(operator, fn), fn
 
     # as each role: a producer sends and may not read; a consumer reads and acks
     conn.execute("SET ROLE pgqueue_producer")
@@ -912,12 +927,14 @@ def test_pgqueues_roles_get_their_share_and_public_nothing(conn: Conn) -> None:
     conn.execute("RESET ROLE")
     conn.execute("SET ROLE pgqueue_consumer")
     assert [r[0] for r in rows(conn, "SELECT * FROM pgmq.read('sec', 30, 1)")] == [mid]
-    assert [r[0] for r in rows(conn, "SELECT msg_id FROM pgmq.q_sec")] == [mid]
+    assert sqlstate(conn, "SELECT msg_id FROM pgmq.q_sec") == "42501"  # a peek: not a consumer's
     assert one(conn, "SELECT pgmq.archive('sec', %s::bigint)", mid) is True
     assert sqlstate(conn, "SELECT pgmq.drop_queue('sec')") == "42501"
     assert sqlstate(conn, "SELECT count(*) FROM pgqueue.message") == "42501"
     conn.execute("RESET ROLE")
     conn.execute("SET ROLE pgqueue_operator")
+    assert [r[0] for r in rows(conn, "SELECT msg_id FROM pgmq.a_sec")] == [mid]
+    assert sqlstate(conn, "SELECT * FROM pgmq.read('sec', 30, 1)") == "42501"
     conn.execute("SELECT pgmq.create('made_by_operator')")
     assert views(conn) >= {"q_made_by_operator", "a_made_by_operator"}
     assert one(conn, "SELECT pgmq.drop_queue('made_by_operator')") is True

@@ -1008,3 +1008,123 @@ def test_a_producer_starts_and_watches_workflows_but_cannot_cancel_or_forge_them
     )
     [other] = [m for m in client.read("steps", vt=30, qty=5) if m.msg_id != msg.msg_id]
     assert (other.workflow_id, other.step) == (spoof, "a")
+
+
+def _expected_grants(conn: psycopg.Connection[Any]) -> tuple[dict[str, set[str]], list[str]]:
+    """What the one role model grants, derived here from pgqueue.role_grant alone.
+
+    Every function and relation of both schemas -> the roles that may call or
+    read it; and the functions it has not classified (not internal by name, no
+    row). The rule, as docs/security.md states it: a function named `_...` is
+    internal (no one); any other is its row's, by signature or by schema and
+    name; a relation is its rows' (`*` matching any characters), no row: no one.
+    """
+    import fnmatch
+
+    rows = conn.execute("SELECT object, roles, kind FROM pgqueue.role_grant").fetchall()
+    by_signature = {o: set(r) for o, r, k in rows if k == "function" and "(" in o}
+    by_name = {o: set(r) for o, r, k in rows if k == "function" and "(" not in o}
+    relation_rows = [(o, set(r)) for o, r, k in rows if k == "relation"]
+    expected: dict[str, set[str]] = {}
+    unclassified = []
+    for signature, schema, name in conn.execute(
+        "SELECT p.oid::regprocedure::text, n.nspname, p.proname FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname IN ('pgqueue', 'pgmq')"
+    ):
+        if name.startswith("_"):
+            expected[signature] = set()
+        elif signature in by_signature:
+            expected[signature] = by_signature[signature]
+        elif f"{schema}.{name}" in by_name:
+            expected[signature] = by_name[f"{schema}.{name}"]
+        else:
+            unclassified.append(signature)
+    for schema, name in conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname IN ('pgqueue', 'pgmq') AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')"
+    ):
+        qualified = f"{schema}.{name}"
+        readers: set[str] = set()
+        for pattern, roles in relation_rows:
+            if fnmatch.fnmatchcase(qualified, pattern):
+                readers |= roles
+        expected[f"relation {qualified}"] = readers
+    return expected, unclassified
+
+
+def _actual_grants(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
+    """Who may call each function and read each relation of both schemas, from the catalog;
+    a relation any role may write, or anything PUBLIC may use, shows as such."""
+    actual: dict[str, set[str]] = {}
+    for signature, roles, public in conn.execute(
+        "SELECT p.oid::regprocedure::text,"
+        " array(SELECT r FROM unnest(%s::text[]) r"
+        "        WHERE has_function_privilege(r, p.oid, 'EXECUTE')),"
+        " has_function_privilege('public', p.oid, 'EXECUTE')"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname IN ('pgqueue', 'pgmq')",
+        (list(GROUP_ROLES),),
+    ):
+        actual[signature] = set(roles) | ({"PUBLIC"} if public else set())
+    for qualified, readers, writers, public in conn.execute(
+        "SELECT n.nspname || '.' || c.relname,"
+        " array(SELECT r FROM unnest(%(roles)s::text[]) r"
+        "        WHERE CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(r, c.oid, 'SELECT')"
+        "                   ELSE has_table_privilege(r, c.oid, 'SELECT') END),"
+        " array(SELECT r FROM unnest(%(roles)s::text[]) r"
+        "        WHERE CASE WHEN c.relkind = 'S'"
+        "                   THEN has_sequence_privilege(r, c.oid, 'USAGE, UPDATE')"
+        "                   ELSE has_table_privilege(r, c.oid,"
+        "                        'INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER') END),"
+        " CASE WHEN c.relkind = 'S'"
+        "      THEN has_sequence_privilege('public', c.oid, 'SELECT, USAGE, UPDATE')"
+        "      ELSE has_table_privilege('public', c.oid, 'SELECT, INSERT, UPDATE, DELETE') END"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname IN ('pgqueue', 'pgmq') AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')",
+        {"roles": list(GROUP_ROLES)},
+    ):
+        actual[f"relation {qualified}"] = (
+            set(readers) | {f"{w} writes" for w in writers} | ({"PUBLIC"} if public else set())
+        )
+    return actual
+
+
+def test_every_function_and_relation_of_both_schemas_is_granted_as_the_one_role_model_says(
+    dsn: str,
+) -> None:
+    """pgqueue.role_grant is the one statement of who may do what, for pgqueue's functions,
+    the pgmq facade's functions and views alike; a new function it does not classify fails."""
+    from pgqueue._pgmq import install
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        install(conn)
+        conn.execute("SELECT pgqueue.create_queue('plain')")
+        conn.execute("SELECT pgmq.create('Mixed.Case')")  # views q_mixed.case, a_...
+        expected, unclassified = _expected_grants(conn)
+        actual = _actual_grants(conn)
+        stale = conn.execute(
+            "SELECT g.object FROM pgqueue.role_grant g WHERE g.kind = 'function' AND NOT EXISTS ("
+            "  SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            "   WHERE p.oid::regprocedure::text = g.object"
+            "      OR n.nspname || '.' || p.proname = g.object)"
+        ).fetchall()
+    assert unclassified == [], (
+        "functions no row of pgqueue.role_grant classifies: add one (roles '{}' for none)"
+    )
+    assert stale == []  # every row names something that exists
+    assert any(k.startswith("pgmq.") for k in expected) and "relation pgmq.q_mixed.case" in expected
+    wrong = {k: (expected[k], actual[k]) for k in expected if expected[k] != actual[k]}
+    assert wrong == {}
+
+
+def test_a_function_nobody_classified_fails_the_derivation(dsn: str) -> None:
+    """The check above can fail: a new API-looking function with no row is caught."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION pgqueue.new_api(integer) RETURNS integer LANGUAGE sql AS 'SELECT 1'"
+        )
+        _, unclassified = _expected_grants(conn)
+        assert unclassified == ["pgqueue.new_api(integer)"]
+        conn.execute("SELECT pgqueue.grant_roles()")
+        # unclassified, it is granted to no one (PUBLIC's right taken too)
+        assert _actual_grants(conn)["pgqueue.new_api(integer)"] == set()

@@ -62,7 +62,7 @@ CATALOG = {
           FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
          WHERE p.pronamespace = 'pgqueue'::regnamespace""",
     "schema": "SELECT nspacl::text FROM pg_namespace WHERE nspname = 'pgqueue'",
-    "role_grant": "SELECT function_signature, roles::text FROM pgqueue.role_grant",
+    "role_grant": "SELECT object, roles::text, kind FROM pgqueue.role_grant",
 }
 
 
