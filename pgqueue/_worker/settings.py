@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any
 
-from pgqueue._errors import InvalidSettings, SettingProblem
+from pgqueue._calls import seconds
+from pgqueue._errors import InvalidArgument, InvalidSettings, SettingProblem
 
 
 def _env_bool(value: str) -> bool:
@@ -30,7 +32,7 @@ class WorkerSettings:
     concurrency: int = 4
     batch: int = 0
     readers: int = 1
-    vt: int = 30
+    vt: int = 30  # whole seconds (a whole float or a timedelta is taken, as an int)
     heartbeat_fraction: float = 0.5
     hard_timeout: float = 0.0
     ack: str = "delete"
@@ -48,7 +50,20 @@ class WorkerSettings:
     trace_links: int = 127
 
     def __post_init__(self) -> None:
-        problems = self._problems()
+        # durations by the one rule of the API: vt in whole seconds (an int, a
+        # whole float or a timedelta), the others in seconds (a timedelta too)
+        problems: dict[str, str] = {}
+        if not isinstance(self.vt, int) or isinstance(self.vt, bool):
+            try:
+                object.__setattr__(self, "vt", seconds("vt", self.vt))
+            except InvalidArgument:
+                problems["vt"] = "must be whole seconds (an int, a whole float or a timedelta)"
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and isinstance(value, timedelta):
+                object.__setattr__(self, f.name, value.total_seconds())
+        if not problems:
+            problems = self._problems()
         if problems:
             raise InvalidSettings(
                 {n: SettingProblem(n, getattr(self, n), need) for n, need in problems.items()}

@@ -115,3 +115,18 @@ def test_a_type_the_functions_do_not_take_is_not_reported_as_a_missing_migration
     missing = Call("x", "SELECT pgqueue.no_such_function(%s)", (1,), scalar)
     with pytest.raises(NotMigrated, match="pgqueue migrate"):
         client.run(missing)
+
+
+def test_worker_settings_and_retry_take_durations_by_the_same_rule() -> None:
+    from pgqueue import Retry, WorkerSettings
+    from pgqueue._errors import InvalidSettings
+
+    assert WorkerSettings(vt=60.0).vt == 60 and isinstance(WorkerSettings(vt=60.0).vt, int)
+    assert WorkerSettings(vt=timedelta(minutes=2)).vt == 120
+    assert WorkerSettings(poll_interval=timedelta(milliseconds=250)).poll_interval == 0.25
+    with pytest.raises(InvalidSettings, match="vt must be whole seconds"):
+        WorkerSettings(vt=1.5)
+    assert Retry("later", delay=timedelta(seconds=5)).delay == 5
+    assert Retry("later", delay=5.0).delay == 5
+    with pytest.raises(InvalidArgument, match="delay must be whole seconds"):
+        Retry("later", delay=0.5)
