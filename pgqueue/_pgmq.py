@@ -626,11 +626,10 @@ def _select_sources(
 
 
 # Headers pgqueue would refuse on a send: not an object, or a reserved _pg_ key.
-_BAD_HEADERS = (
-    "headers IS NOT NULL AND CASE WHEN jsonb_typeof(headers) = 'object'"
-    " THEN EXISTS (SELECT 1 FROM jsonb_object_keys(headers) k WHERE left(k, 4) = '_pg_')"
-    " ELSE true END"
-)
+# The rules every entry applies to what it is given (sql/schema/queue.sql):
+# the header rule's first half, and documents every reader can decode.
+_BAD_HEADERS = "pgqueue._headers_problem(headers) IS NOT NULL"
+_UNDECODABLE = "(pgqueue._undecodable(message) OR pgqueue._undecodable(headers)) IS TRUE"
 _GROUP = f"headers->>'{GROUP_HEADER}'"
 _BAD_GROUP = f"({_GROUP} = '' OR length({_GROUP}) > 200)"
 
@@ -665,6 +664,18 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
                     f"queue {name}: {bad[0]} {label} message(s) (the first msg_id {bad[1]}) have"
                     " headers pgqueue refuses: not a JSON object, or a key starting with _pg_"
                     " (reserved); fix them in PGMQ first"
+                )
+            bad = conn.execute(
+                sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _UNDECODABLE).format(
+                    s.rows(conn, kind)
+                )
+            ).fetchone()
+            if bad is not None and bad[0]:
+                problems.append(
+                    f"queue {name}: {bad[0]} {label} message(s) (the first msg_id {bad[1]}) hold"
+                    " a document readers cannot decode (nested more than 255 levels deep, or a"
+                    " number of more than 4,300 digits), which no pgqueue entry takes; fix them"
+                    " in PGMQ first"
                 )
         bad = conn.execute(
             sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(

@@ -858,21 +858,33 @@ BEGIN
 END
 $$;
 
+-- Why a caller's headers are refused, or NULL when they are not: not a JSON
+-- object, or a key starting with _pg_ (the header rule's first half). The
+-- entries raise it (_require_headers); `pgqueue pgmq import` counts by it.
+CREATE FUNCTION pgqueue._headers_problem(headers jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN headers IS NULL THEN NULL
+                WHEN jsonb_typeof(headers) <> 'object'
+                THEN format('headers must be a JSON object, got a JSON %s', jsonb_typeof(headers))
+                ELSE (SELECT format('header %s is reserved: keys starting with _pg_ are written by pgqueue only',
+                                    to_json(k)::text)
+                        FROM jsonb_object_keys(headers) AS k WHERE left(k, 4) = '_pg_' ORDER BY k LIMIT 1)
+           END;
+$$;
+
 -- Headers must be a JSON object (or NULL) whose keys do not start with _pg_,
 -- and a document every reader can decode.
 CREATE FUNCTION pgqueue._require_headers(headers jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    v_key text;
+    v_problem text := pgqueue._headers_problem(headers);
 BEGIN
-    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
-        RAISE EXCEPTION 'headers must be a JSON object, got a JSON %', jsonb_typeof(headers)
+    IF v_problem LIKE 'headers must be%' THEN
+        RAISE EXCEPTION '%', v_problem
             USING ERRCODE = '22023', HINT = 'Pass headers as {"key": value, ...}, or NULL.';
-    END IF;
-    SELECT k INTO v_key FROM jsonb_object_keys(headers) AS k WHERE left(k, 4) = '_pg_' ORDER BY k LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'header % is reserved: keys starting with _pg_ are written by pgqueue only',
-            to_json(v_key)::text
+    ELSIF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem
             USING ERRCODE = '22023',
                   HINT = 'Rename it. pgqueue writes the _pg_ keys (a callback''s, a member''s, a trace''s)'
                          ' itself; when passing on the headers of a message you got, leave out the keys'

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from support.db import wait_until
 
 from pgqueue._errors import NotMigrated
 from pgqueue._migrate import migrate
@@ -332,6 +333,13 @@ def test_importing_some_queues_leaves_pgmq_for_the_others_then_the_rest_finish_t
         ),
         (
             lambda c: c.execute(
+                "SELECT pgmq.send('jobs', (repeat('[', 300) || repeat(']', 300))::jsonb)"
+            ),
+            "queue 'jobs': 1 live message(s) (the first msg_id 62) hold a document readers"
+            " cannot decode",
+        ),
+        (
+            lambda c: c.execute(
                 "SELECT pgqueue.create_queue('jobs'); SELECT pgqueue.send('jobs', '{}')"
             ),
             "queue 'jobs': pgqueue already has a queue of that name holding messages",
@@ -344,7 +352,14 @@ def test_importing_some_queues_leaves_pgmq_for_the_others_then_the_rest_finish_t
             " rule _RETURN on view backlog; drop them first",
         ),
     ],
-    ids=["queue-name", "reserved-header", "empty-group", "pgqueue-queue-in-use", "user-view"],
+    ids=[
+        "queue-name",
+        "reserved-header",
+        "empty-group",
+        "undecodable",
+        "pgqueue-queue-in-use",
+        "user-view",
+    ],
 )
 def test_what_cannot_move_stops_the_import_before_anything_changes(
     filled: str, spoil: Callable[[psycopg.Connection[Any]], Any], says: str
@@ -647,7 +662,19 @@ def test_a_send_to_the_empty_queue_during_the_import_is_waited_for_and_its_id_re
             assert sent == 1, "PGMQ's queue has a fresh message with this id too"
 
             def commit_soon() -> None:
-                time.sleep(0.5)
+                # once the import waits for the send (its lock on pgqueue.message),
+                # never on a guess of when it gets there: a busy machine is slow
+                with psycopg.connect(filled, autocommit=True) as watcher:
+                    wait_until(
+                        lambda: (
+                            watcher.execute(
+                                "SELECT count(*) FROM pg_stat_activity"
+                                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                            ).fetchone()[0]  # type: ignore[index]
+                            > 0
+                        ),
+                        timeout=60,
+                    )
                 producer.commit()
 
             committer = threading.Thread(target=commit_soon)

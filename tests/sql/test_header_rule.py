@@ -30,7 +30,7 @@ NAMES_A_RESERVED_KEY = {
     "pgqueue._member_headers": "writes _pg_member and _pg_step",
     "pgqueue._callback_headers": "writes _pg_transport and _pg_callback",
     # the rule's checks of a caller's headers
-    "pgqueue._require_headers": "refuses a caller's key that starts with _pg_",
+    "pgqueue._headers_problem": "finds a caller's key that starts with _pg_",
     "pgqueue.send": "the fast path's check for a _pg_ key (then _require_headers)",
     # reads of what the writers wrote
     "pgqueue._insert_members": "reads back the index _member_headers wrote",
