@@ -627,7 +627,7 @@ def _select_sources(
 
 # Headers pgqueue would refuse on a send: not an object, or a reserved _pg_ key.
 # The rules every entry applies to what it is given (sql/schema/queue.sql):
-# the header rule's first half, and documents every reader can decode.
+# the header rule's first half, and no document nested beyond readers.
 _BAD_HEADERS = "pgqueue._headers_problem(headers) IS NOT NULL"
 _UNDECODABLE = "(pgqueue._undecodable(message) OR pgqueue._undecodable(headers)) IS TRUE"
 _GROUP = f"headers->>'{GROUP_HEADER}'"
@@ -673,9 +673,8 @@ def _check_importable(conn: psycopg.Connection[Any], sources: Sequence[_Source])
             if bad is not None and bad[0]:
                 problems.append(
                     f"queue {name}: {bad[0]} {label} message(s) (the first msg_id {bad[1]}) hold"
-                    " a document readers cannot decode (nested more than 255 levels deep, or a"
-                    " number of more than 4,300 digits), which no pgqueue entry takes; fix them"
-                    " in PGMQ first"
+                    " a document nested more than 255 levels deep, which readers cannot decode"
+                    " and no pgqueue entry takes; fix them in PGMQ first"
                 )
         bad = conn.execute(
             sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(

@@ -158,16 +158,41 @@ def seconds_or_none(name: str, value: Duration | None) -> int | None:
 UNDECODABLE_TEXT_CHARS = 1000
 
 
+# Python converts at most this many digits of a decimal string to an int
+# by default (sys.get_int_max_str_digits()); the pieces of a longer one are.
+_INT_PIECE = 4000
+
+
+def _exact_int(digits: str) -> int:
+    """An integer of any length from its decimal text, exactly, whatever Python's digit limit."""
+    if len(digits) <= _INT_PIECE:
+        return int(digits)
+    sign, body = (-1, digits[1:]) if digits.startswith("-") else (1, digits)
+    value = 0
+    for start in range(0, len(body), _INT_PIECE):
+        piece = body[start : start + _INT_PIECE]
+        value = value * 10 ** len(piece) + int(piece)
+    return sign * value
+
+
 def decode_json(text: str | None) -> Any:
     """A document as the database printed it, decoded; an Undecodable where this Python cannot.
 
-    Never raises for a document Postgres stored: one nested deeper than
-    Python's recursion allows, or holding an integer longer than its digit
-    limit, comes back as an Undecodable with the decoder's error.
+    Never raises for a document Postgres stored. An integer longer than
+    Python's digit limit is read exactly (on a second pass, so other
+    documents pay nothing for it); one nested deeper than Python's recursion
+    allows comes back as an Undecodable with the decoder's error.
     """
     if text is None:
         return None
     try:
         return json.loads(text)
-    except (RecursionError, ValueError) as exc:
+    except ValueError:
+        try:
+            return json.loads(text, parse_int=_exact_int)
+        except (RecursionError, ValueError) as exc:
+            return Undecodable(
+                text[:UNDECODABLE_TEXT_CHARS], len(text), f"{type(exc).__name__}: {exc}"
+            )
+    except RecursionError as exc:
         return Undecodable(text[:UNDECODABLE_TEXT_CHARS], len(text), f"{type(exc).__name__}: {exc}")

@@ -335,8 +335,8 @@ def test_importing_some_queues_leaves_pgmq_for_the_others_then_the_rest_finish_t
             lambda c: c.execute(
                 "SELECT pgmq.send('jobs', (repeat('[', 300) || repeat(']', 300))::jsonb)"
             ),
-            "queue 'jobs': 1 live message(s) (the first msg_id 62) hold a document readers"
-            " cannot decode",
+            "queue 'jobs': 1 live message(s) (the first msg_id 62) hold a document nested"
+            " more than 255 levels deep",
         ),
         (
             lambda c: c.execute(
