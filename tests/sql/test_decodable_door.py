@@ -67,3 +67,17 @@ def test_an_integer_longer_than_pythons_digit_limit_is_read_exactly(
         assert got.message == {"n": 10**5000 - 1}
         assert got.headers == {"h": -(10**5000 - 1)}
     assert client.poison_list("q") == []
+
+
+def test_a_batch_names_the_element_that_is_too_deep_and_sends_none(
+    client: Client, sql: Any
+) -> None:
+    client.create_queue("q")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"messages\[2\] is nested"):
+        sql.execute(
+            "SELECT pgqueue.send_batch('q', ARRAY['1'::jsonb, %s::jsonb, '3'::jsonb])",
+            (deep(300),),
+        )
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"messages\[1\] is nested"):
+        sql.execute("SELECT pgqueue.fan_out('q', ARRAY[%s::jsonb], 'q', '{}')", (deep(300),))
+    assert client.metrics("q").queue_length == 0
