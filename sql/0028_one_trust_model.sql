@@ -1130,9 +1130,16 @@ UPDATE pgqueue.poison m
 -- internal and granted to no one; every other function of either schema has
 -- a row, roles '{}' for one granted to no one (tests/sql/test_roles.py fails
 -- on one without). A relation without a row is granted to no one.
-ALTER TABLE pgqueue.role_grant RENAME COLUMN function_signature TO object;
+DO $rename$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pgqueue.role_grant'::regclass
+                                            AND attname = 'function_signature') THEN
+        ALTER TABLE pgqueue.role_grant RENAME COLUMN function_signature TO object;
+    END IF;
+END
+$rename$;
 ALTER TABLE pgqueue.role_grant
-    ADD COLUMN kind text NOT NULL DEFAULT 'function' CHECK (kind IN ('function', 'relation'));
+    ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'function' CHECK (kind IN ('function', 'relation'));
 INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
     ('pgqueue.grant_roles()', '{}', 'function'),
     ('pgqueue.schema_version', '{pgqueue_producer,pgqueue_consumer,pgqueue_operator}', 'relation')
