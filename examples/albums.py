@@ -50,7 +50,10 @@ def thumbnail(msg: pgqueue.Message) -> dict[str, Any]:
 @app.handler(CALLBACK_QUEUE, transactional=True)
 def album_ready(msg: pgqueue.Message, conn: psycopg.Connection[Any]) -> None:
     """Record the album once, in the same transaction as the callback's ack."""
-    if not pgqueue.guard(conn, f"album-ready:{msg.barrier_id}"):
+    done = msg.callback  # what the firing wrote; None on anything else sent here
+    if done is None or done.kind != "barrier":
+        raise pgqueue.Poison("not a barrier's callback")
+    if not pgqueue.guard(conn, f"album-ready:{done.barrier_id}"):
         return  # a redelivered callback: already recorded
     body = msg.message
     conn.execute(SCHEMA)
@@ -59,10 +62,10 @@ def album_ready(msg: pgqueue.Message, conn: psycopg.Connection[Any]) -> None:
         " VALUES (%s, %s, %s, %s, %s)",
         (
             body["album"],
-            msg.barrier_id,
+            done.barrier_id,
             body["photos"],
-            msg.headers.get("succeeded", 0),
-            msg.headers.get("failed", 0),
+            done.succeeded,
+            done.failed,
         ),
     )
 

@@ -10,10 +10,8 @@ are read-only sessions, so a missed path fails in the database as well.
 from __future__ import annotations
 
 import asyncio
-import json
-import shlex
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -49,7 +47,8 @@ from pgqueue._errors import (
 )
 from pgqueue._retry import RetryPolicy
 from pgqueue._settings import resolve_dsn
-from pgqueue._web import draw, queries
+from pgqueue._web import draw, formats, params, queries
+from pgqueue._web.headers import Dashboard
 from pgqueue._web.security import (
     CSRF_TTL_SECONDS,
     SESSION_COOKIE,
@@ -200,60 +199,6 @@ def _state(request: Request) -> State:
     return st
 
 
-def _parse_time(text: str) -> datetime:
-    """An aware time from ISO text, in UTC; ValueError for anything else (or out of range)."""
-    try:
-        when = datetime.fromisoformat(text)
-        if when.tzinfo is None:
-            raise ValueError("a time needs its offset")
-        return when.astimezone(UTC)
-    except OverflowError as exc:
-        raise ValueError("time out of range") from exc
-
-
-def encode_cursor(*parts: Any) -> str:
-    """An opaque cursor of a keyset page (times as ISO text)."""
-    return json.dumps([p.isoformat() if isinstance(p, datetime) else p for p in parts])
-
-
-def decode_cursor(text: str | None, kinds: tuple[type, ...]) -> tuple[Any, ...] | None:
-    """The cursor's parts, or None for the first page; 400 for one not made here."""
-    if not text:
-        return None
-    try:
-        parts = json.loads(text)
-        if not isinstance(parts, list) or len(parts) != len(kinds):
-            raise ValueError
-        values = tuple(
-            _parse_time(p) if k is datetime else k(p) for p, k in zip(parts, kinds, strict=True)
-        )
-        if any(isinstance(v, int) and not 0 <= v < 2**31 for v in values[1:2]) or any(
-            isinstance(v, int) and not 0 <= v < 2**63 for v in values
-        ):
-            raise ValueError("out of range")
-        return values
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise HTTPException(400, "bad cursor: start again from the first page") from exc
-
-
-def age(seconds: float | None) -> str:
-    """A short human age: 45s, 12m, 3h, 2d; a dash for none."""
-    if seconds is None:
-        return "\u2013"
-    s = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
-
-
-def since_text(when: datetime | None) -> str:
-    """How long ago, by this machine's clock (for times the database wrote)."""
-    if when is None:
-        return "\u2013"
-    return age((datetime.now(UTC) - when).total_seconds()) + " ago"
-
-
 templates = Jinja2Templates(
     env=jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(HERE / "templates")),
@@ -261,9 +206,11 @@ templates = Jinja2Templates(
         undefined=jinja2.StrictUndefined,
     )
 )
-templates.env.filters["age"] = age
-templates.env.filters["since"] = since_text
+templates.env.filters["age"] = formats.age
+templates.env.filters["since"] = formats.since_text
+templates.env.filters["size"] = formats.size
 templates.env.globals["urlencode"] = urlencode
+templates.env.globals["cli"] = formats.command
 
 
 async def render(request: Request, template: str, **context: Any) -> Response:
@@ -415,10 +362,7 @@ async def queue_page(request: Request) -> Response:
     name = _queue_name(request)
     snap = await overview_rows(st)
     row = next((r for r in snap.rows if r.name == name), None)
-    try:
-        after = int(request.query_params.get("after", "0"))
-    except ValueError as exc:
-        raise HTTPException(400, "after must be a message id") from exc
+    after = params.message_id(request.query_params.get("after") or "0", "after")
     try:
         messages = await client.run(queries.peek_shown(name, PAGE + 1, after))
     except NOT_FOUND as exc:
@@ -487,7 +431,7 @@ async def poison_list(request: Request) -> Response:
     client = await client_of(st)
     f = _poison_filter(request)
     now = await client.run(queries.NOW)
-    cursor = decode_cursor(request.query_params.get("cursor"), (datetime, int, int))
+    cursor = params.decode_cursor(request.query_params.get("cursor"), (datetime, int, int))
     after = now - SINCE[f["since"]] if f["since"] else None
     try:
         rows = await client.run(
@@ -501,10 +445,10 @@ async def poison_list(request: Request) -> Response:
     found = found[:PAGE]
     next_cursor = None
     if capped is not None:
-        next_cursor = encode_cursor(capped.poisoned_at, capped.queue_id, capped.msg_id)
+        next_cursor = params.encode_cursor(capped.poisoned_at, capped.queue_id, capped.msg_id)
     elif more:
         last = found[-1]
-        next_cursor = encode_cursor(last.poisoned_at, last.queue_id, last.msg_id)
+        next_cursor = params.encode_cursor(last.poisoned_at, last.queue_id, last.msg_id)
     queues = sorted(r.name for r in st.snapshot.rows if r.poison) if st.snapshot.rows else []
     return await render(
         request,
@@ -524,17 +468,16 @@ async def poison_message(request: Request) -> Response:
     """One poison message in full: payload, headers, read count and reason."""
     client = await client_of(_state(request))
     name = _queue_name(request, {"name": request.query_params.get("queue")})
-    text = request.query_params.get("id", "")
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise HTTPException(400, "id must be a message id")
-    msg_id = int(text)
+    msg_id = params.message_id(request.query_params.get("id"), "id")
     try:
         found = await client.run(queries.poison_shown(name, msg_id, PAYLOAD_CHARS))
     except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     if found is None:
         raise HTTPException(404, f"queue {name!r} has no poison message {msg_id}")
-    return await render(request, "poison_message.html", m=found, limit=PAYLOAD_CHARS)
+    return await render(
+        request, "poison_message.html", m=found, limit=PAYLOAD_CHARS, pretty=queries.PRETTY_BYTES
+    )
 
 
 @dataclass(frozen=True)
@@ -576,9 +519,9 @@ def _selection(source: Any, now: datetime | None) -> Selection:
     ids: list[tuple[str, int]] = []
     for item in source.getlist("m"):
         queue, sep, text = str(item).rpartition(":")
-        if not sep or not (text.isascii() and text.isdigit()) or len(text) > 18:
+        if not sep:
             raise HTTPException(400, "bad selection: pick messages on the poison page")
-        ids.append((queue, int(text)))
+        ids.append((queue, params.message_id(text, "the selected id")))
     if len(ids) > MAX_SELECTED:
         raise HTTPException(400, f"select at most {MAX_SELECTED} messages at once")
     if ids:
@@ -595,7 +538,7 @@ def _selection(source: Any, now: datetime | None) -> Selection:
     if not before_text and now is None:
         raise HTTPException(400, "the confirmation's cut-off time is missing: confirm again")
     try:
-        before = _parse_time(before_text) if before_text else now
+        before = params.parse_time(before_text) if before_text else now
         assert before is not None
         if since:
             _ = before - SINCE[since]  # in range, or OverflowError
@@ -618,7 +561,7 @@ def cli_command(sel: Selection) -> str | None:
         argv += ["--reason", sel.reason]
     if sel.since:
         argv += ["--since", sel.since]
-    return shlex.join(argv)
+    return formats.command(*argv)
 
 
 async def poison_confirm(request: Request) -> Response:
@@ -755,7 +698,7 @@ async def barrier_list(request: Request) -> Response:
     state = request.query_params.get("state") or None
     if state not in (None, "open", "fired", "expired"):
         raise HTTPException(400, "state must be open, fired or expired")
-    cursor = decode_cursor(request.query_params.get("cursor"), (datetime, str))
+    cursor = params.decode_cursor(request.query_params.get("cursor"), (datetime, str))
     rows = await client.run(queries.barrier_page(state, PAGE + 1, cursor))
     barriers = [BarrierStatus(*r) for r in rows]
     more = len(barriers) > PAGE
@@ -778,7 +721,7 @@ async def barrier_list(request: Request) -> Response:
         barriers=barriers,
         bars=bars,
         state=state or "",
-        next_cursor=encode_cursor(last.created_at, last.barrier_id) if last else None,
+        next_cursor=params.encode_cursor(last.created_at, last.barrier_id) if last else None,
     )
 
 
@@ -890,22 +833,17 @@ def _log_action(request: Request, action: str, **fields: Any) -> None:
 
 # -- middleware ----------------------------------------------------------------
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
-    " object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
-)
-
 
 class Guard(BaseHTTPMiddleware):
-    """Authenticate, check CSRF on every POST, and set the security headers."""
+    """Authenticate, refuse NUL characters, and check CSRF on every POST (headers: headers.py)."""
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        """Refuse what must not pass; let the rest through with strict headers."""
+        """Refuse what must not pass; let the rest through."""
         st = _state(request)
         if st.hosts is not None and _host_name(request) not in st.hosts:
             # a page on 127.0.0.1 must not answer a name that only resolves there
             # (DNS rebinding: another site's pages reading this one's)
-            return _secure(PlainTextResponse("unknown host name; use 127.0.0.1", 400))
+            return PlainTextResponse("unknown host name; use 127.0.0.1", 400)
         path = request.url.path[len(request.scope.get("root_path", "")) :]
         open_paths = path in ("/healthz", "/login") or path.startswith("/static/")
         actor = await authenticate(request, st.creds, st.signer, st.auth)
@@ -916,10 +854,12 @@ class Guard(BaseHTTPMiddleware):
                 response = PlainTextResponse(
                     "authentication required", 401, {"WWW-Authenticate": 'Basic realm="pgqueue"'}
                 )
-            return _secure(response)
+            return response
         request.state.actor = actor or "anonymous"
         if request.method not in ("GET", "HEAD") and not same_origin(request):
-            return _secure(_refuse(request, "the request came from another site"))
+            return _refuse(request, "the request came from another site")
+        if (problem := params.nul_problem(request.query_params.multi_items())) is not None:
+            return await _error_page(request, 400, problem)
         try:
             response = await call_next(request)
         except _Refused:
@@ -934,8 +874,8 @@ class Guard(BaseHTTPMiddleware):
                 "the database does not answer; the page will work again once it does", 503
             )
         except InvalidArgument as exc:
-            response = PlainTextResponse(str(exc), 400)
-        return _secure(response)
+            response = await _error_page(request, 400, str(exc))
+        return response
 
 
 def _host_name(request: Request) -> str:
@@ -970,31 +910,26 @@ async def checked_form(request: Request) -> FormData:
         or st.signer.verify("csrf", token, CSRF_TTL_SECONDS) != request.state.actor
     ):
         raise _Refused
+    if (problem := params.nul_problem(form.multi_items())) is not None:
+        raise params.BadParameter(problem)
     return form
-
-
-def _secure(response: Response) -> Response:
-    response.headers["Content-Security-Policy"] = CSP
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["X-Frame-Options"] = "DENY"
-    if response.media_type in (None, "text/html"):
-        response.headers["Cache-Control"] = "no-store"
-    return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code in (404, 405, 409, 400):
-        return await _error_page(request, exc.status_code, exc.detail)
-    return PlainTextResponse(exc.detail, exc.status_code)
+        return await _error_page(request, exc.status_code, exc.detail, exc.headers)
+    return PlainTextResponse(exc.detail, exc.status_code, exc.headers)
 
 
-async def _error_page(request: Request, status: int, detail: str) -> Response:
+async def _error_page(
+    request: Request, status: int, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
     if not hasattr(request.state, "actor"):
-        return PlainTextResponse(detail, status)
+        return PlainTextResponse(detail, status, headers)
     response = await render(request, "error.html", status=status, detail=detail)
     response.status_code = status
+    response.headers.update(headers or {})  # a 405's Allow
     return response
 
 
@@ -1058,7 +993,7 @@ def create_app(
         if st.client is not None and st.owns_client:
             await st.client.close()
 
-    app = Starlette(
+    app = Dashboard(
         routes=routes,
         middleware=[Middleware(Guard)],
         exception_handlers={HTTPException: _http_error},

@@ -8,6 +8,17 @@ from typing import Any
 
 from pgqueue._calls import Call, Row
 
+# A payload (or headers) stored in more bytes than this is not read for a
+# preview: pg_column_size() reads only the stored size (a TOAST pointer's),
+# so a page of huge payloads costs what its rows' other columns cost, not
+# their size. pgqueue.poison_page's c_preview_bytes is the same bound.
+PREVIEW_BYTES = 16_384
+# The one-message page indents (jsonb_pretty) a document stored in at most
+# this; a larger one is shown by its size and the CLI command that prints it.
+# Stored sizes are after compression: a very repetitive document can be tens
+# of times larger as text.
+PRETTY_BYTES = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
@@ -63,6 +74,12 @@ class PoisonRow:
     message_chars: int | None
     headers: dict[str, Any] | None
     capped: bool
+    message_bytes: int | None  # as stored; message is None when over PREVIEW_BYTES
+
+    @property
+    def too_large(self) -> bool:
+        """Whether the payload is stored too large to preview (message is then None)."""
+        return self.message_bytes is not None and self.message_bytes > PREVIEW_BYTES
 
 
 def poison_page(
@@ -79,7 +96,7 @@ def poison_page(
     return Call(
         "poison_page",
         "SELECT queue, queue_id, msg_id, read_ct, enqueued_at, poisoned_at, reason, message,"
-        " message_chars, NULL::jsonb, capped"
+        " message_chars, NULL::jsonb, capped, message_bytes"
         " FROM pgqueue.poison_page(%s::text, %s::integer, %s::timestamptz,"
         " %s::timestamptz, %s::text, %s::timestamptz, %s::integer, %s::bigint, %s::integer)",
         (queue, qty, after, before, reason, at, qid, mid, scan_limit),
@@ -144,7 +161,8 @@ class ShownMessage:
     read_ct: int
     enqueued_at: datetime
     vt: datetime
-    preview: str
+    preview: str | None  # None: stored in more than PREVIEW_BYTES, not read
+    message_bytes: int  # as stored
     last_error: str | None
 
     def state(self, now: datetime) -> str:
@@ -155,19 +173,27 @@ class ShownMessage:
 
 
 def peek_shown(queue: str, qty: int, after: int) -> Call[list[ShownMessage]]:
-    """A page of live messages; payloads never parsed here (any depth, any size)."""
+    """A page of live messages; payloads never parsed here, and only small ones read."""
+    # peek's rows come back with their TOAST pointers (RETURN QUERY keeps
+    # them): the CASE reads a payload only when its stored size is small.
     return Call(
         "peek",
-        "SELECT msg_id, read_ct, enqueued_at, vt, left(message::text, 300), last_error"
+        "SELECT msg_id, read_ct, enqueued_at, vt,"
+        " CASE WHEN pg_column_size(message) <= %s THEN left(message::text, 300) END,"
+        " pg_column_size(message), last_error"
         " FROM pgqueue.peek(%s, %s, %s)",
-        (queue, qty, after),
+        (PREVIEW_BYTES, queue, qty, after),
         lambda rows: [ShownMessage(*r) for r in rows],
     )
 
 
 @dataclass(frozen=True, slots=True)
 class ShownPoison:
-    """A poison message as its page shows it: payload and headers as indented text."""
+    """A poison message as its page shows it: payload and headers as indented text.
+
+    payload (headers) is None when stored in more than PRETTY_BYTES: the page
+    gives its size instead. headers_bytes is None for a message without headers.
+    """
 
     queue_name: str
     msg_id: int
@@ -175,21 +201,34 @@ class ShownPoison:
     enqueued_at: datetime
     poisoned_at: datetime
     reason: str
-    payload: str
-    payload_chars: int
+    payload: str | None
+    payload_chars: int | None
+    payload_bytes: int
     headers: str | None
     headers_chars: int | None
+    headers_bytes: int | None
 
 
 def poison_shown(queue: str, msg_id: int, limit: int) -> Call[ShownPoison | None]:
-    """One poison message, its JSON indented and cut at limit characters by the database."""
+    """One poison message, its JSON indented and cut at limit characters by the database.
+
+    Each document is indented at most once, and only when stored in at most PRETTY_BYTES.
+    """
+    # OFFSET 0 keeps the planner from pulling the subquery up, which would copy
+    # jsonb_pretty(...) into both its uses: a detoast and an indent apiece.
     return Call(
         "poison_get",
         "SELECT queue_name, msg_id, read_ct, enqueued_at, poisoned_at, reason,"
-        " left(jsonb_pretty(message), %s), length(jsonb_pretty(message)),"
-        " left(jsonb_pretty(headers), %s), length(jsonb_pretty(headers))"
-        " FROM pgqueue.poison_get(%s, %s)",
-        (limit, limit, queue, msg_id),
+        " left(payload, %s), length(payload), payload_bytes,"
+        " left(head, %s), length(head), headers_bytes"
+        " FROM (SELECT g.*, pg_column_size(g.message) AS payload_bytes,"
+        "        pg_column_size(g.headers) AS headers_bytes,"
+        "        CASE WHEN pg_column_size(g.message) <= %s THEN jsonb_pretty(g.message) END"
+        "          AS payload,"
+        "        CASE WHEN pg_column_size(g.headers) <= %s THEN jsonb_pretty(g.headers) END"
+        "          AS head"
+        "   FROM pgqueue.poison_get(%s, %s) g OFFSET 0) s",
+        (limit, limit, PRETTY_BYTES, PRETTY_BYTES, queue, msg_id),
         lambda rows: ShownPoison(*rows[0]) if rows else None,
     )
 
