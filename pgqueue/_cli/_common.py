@@ -22,6 +22,7 @@ from pgqueue._client import Client
 from pgqueue._errors import BarrierNotFound, PgQueueError, QueueNotFound, sql_literal
 from pgqueue._log import configure_logging
 from pgqueue._retry import RetryPolicy
+from pgqueue.types import Undecodable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -256,9 +257,32 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _any_length_ints() -> None:
+    # An operator's command prints and reads integers of any length, as
+    # Postgres holds them (Python's default stops at 4,300 digits); the
+    # setting is the process's, so only the operator's commands make it.
+    sys.set_int_max_str_digits(0)
+
+
+def _shown(value: Any) -> Any:
+    """How --json and the tables show a document Python could not decode (json.dumps' default)."""
+    if isinstance(value, Undecodable):
+        return {"undecodable": value.error, "chars": value.chars, "text_start": value.text[:200]}
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def undecodable_line(value: Undecodable, where: str) -> str:
+    """One line saying a stored document cannot be decoded, its size, and how to see it raw."""
+    return (
+        f"(cannot be decoded by Python: {value.error}; {value.chars:,} characters;"
+        f" see it raw with psql: {where})"
+    )
+
+
 def compact_json(value: Any) -> str:
     """A JSON value on one line."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    _any_length_ints()
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_shown)
 
 
 def clip(text: str, width: int) -> str:
@@ -269,7 +293,8 @@ def clip(text: str, width: int) -> str:
 
 def emit_json(value: Any) -> None:
     """Print a JSON document (pretty, keys in their documented order)."""
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    _any_length_ints()
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=_shown))
 
 
 Fit = Literal["keep", "wrap", "clip"]

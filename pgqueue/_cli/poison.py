@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,6 +26,7 @@ from pgqueue._cli._common import (
     plural,
     server_now,
     shape,
+    undecodable_line,
     when,
     yes_option,
 )
@@ -34,7 +34,7 @@ from pgqueue._cli._main import main
 from pgqueue._client import Client
 from pgqueue._connection import Connection
 from pgqueue._errors import sql_literal
-from pgqueue.types import PoisonFilter, PoisonMessage
+from pgqueue.types import PoisonFilter, PoisonMessage, Undecodable
 
 POISON_FIELDS = {
     "queue": "queue_name",
@@ -147,13 +147,19 @@ def poison_show(
     click.echo(f"enqueued:  {when(p.enqueued_at)}")
     click.echo(f"poisoned:  {when(p.poisoned_at)}")
     click.echo(f"reason:    {p.reason}")
+    raw = f"SELECT {{}} FROM pgqueue.poison_get({sql_literal(p.queue_name)}, {p.msg_id})"
     if p.headers is None:
         click.echo("headers:   (none)")
+    elif isinstance(p.headers, Undecodable):
+        click.echo("headers:   " + undecodable_line(p.headers, raw.format("headers")))
     else:
         click.echo("headers:")
-        click.echo(json.dumps(p.headers, indent=2, ensure_ascii=False))
-    click.echo("message:")
-    click.echo(json.dumps(p.message, indent=2, ensure_ascii=False))
+        emit_json(p.headers)
+    if isinstance(p.message, Undecodable):
+        click.echo("message:   " + undecodable_line(p.message, raw.format("message")))
+    else:
+        click.echo("message:")
+        emit_json(p.message)
 
 
 class _Missing(Exception):

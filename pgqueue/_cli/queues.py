@@ -271,8 +271,14 @@ def _finite(text: str) -> float:
 
 def _parse_json(text: str, where: str) -> Any:
     """JSON from text; else InvalidMessage saying why, in JSON terms, and that nothing was sent."""
+    sys.set_int_max_str_digits(0)  # integers of any length, as Postgres takes them
     try:
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError as exc:
+        raise InvalidMessage(
+            f"{where} is nested too deep for Python's JSON reader (about 1,000 levels);"
+            " pgqueue takes at most 255 levels: flatten it; nothing was sent"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise InvalidMessage(
             f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno});"
