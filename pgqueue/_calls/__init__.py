@@ -11,6 +11,7 @@ parameters, same send token).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -70,16 +71,26 @@ def nothing(rows: list[Row]) -> None:
     return None
 
 
+# A NUL character as json.dumps escapes it: \u0000 after an even number of
+# backslashes (a string holding a backslash and "u0000" is \\u0000 in the text).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def encode_json(value: Any, what: str) -> str:
     """Serialize a JSON value for a jsonb parameter, or raise InvalidMessage saying why not."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise InvalidMessage(
+            f"{what} is nested too deep for Python's JSON encoder ({exc}); pgqueue takes"
+            " at most 255 levels: flatten it"
+        ) from exc
+    except (TypeError, ValueError) as exc:
         raise InvalidMessage(
             f"{what} is not valid JSON: {exc}; pass dicts, lists, strings, numbers,"
             " booleans or None (no NaN/Infinity)"
         ) from exc
-    if "\\u0000" in text:
+    if "\\u0000" in text and _NUL.search(text):
         raise InvalidMessage(
             f"{what} contains a NUL character (\\u0000), which Postgres jsonb cannot store;"
             " remove it or encode the data (e.g. base64)"

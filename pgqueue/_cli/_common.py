@@ -8,11 +8,11 @@ import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 import click
 import psycopg
@@ -94,6 +94,14 @@ def expected_errors() -> Iterator[None]:
         text = diag.message_primary or str(exc).strip().splitlines()[0]
         state = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
         fail(f"the database refused: {text}{state}")
+    except RecursionError as exc:
+        # A document the reads do not decode row by row (a barrier's or a
+        # step's result: complete_member takes any depth) can still be one no
+        # Python can decode; the operator gets a line, not a traceback.
+        fail(
+            f"a document this command read is nested too deep for Python to decode ({exc});"
+            " read it with psql (docs/reliability.md, 'Messages no reader can decode')"
+        )
     except KeyboardInterrupt:
         fail("interrupted", 130)
 
@@ -264,11 +272,20 @@ def _any_length_ints() -> None:
     sys.set_int_max_str_digits(0)
 
 
+def _known(value: Undecodable) -> dict[str, Any]:
+    """What is known of a document Python could not decode, as --json and the tables show it."""
+    return {"undecodable": value.error, "chars": value.chars, "text_start": value.text[:200]}
+
+
 def _shown(value: Any) -> Any:
     """How --json and the tables show a document Python could not decode (json.dumps' default)."""
     if isinstance(value, Undecodable):
-        return {"undecodable": value.error, "chars": value.chars, "text_start": value.text[:200]}
+        return _known(value)
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# The psql query that prints one column ("message", "headers") of a row raw.
+RawQuery = Callable[[str], str]
 
 
 def undecodable_line(value: Undecodable, where: str) -> str:
@@ -277,6 +294,38 @@ def undecodable_line(value: Undecodable, where: str) -> str:
         f"(cannot be decoded by Python: {value.error}; {value.chars:,} characters;"
         f" see it raw with psql: {where})"
     )
+
+
+def with_raw_queries(row: dict[str, Any], raw: RawQuery) -> dict[str, Any]:
+    """A --json row; a document in it Python cannot decode carries the psql query that prints it."""
+    return {
+        key: {**_known(value), "psql": raw(key)} if isinstance(value, Undecodable) else value
+        for key, value in row.items()
+    }
+
+
+class StoredMessage(Protocol):
+    """A row that holds a message as stored: a live one (peek) or a poison one."""
+
+    @property
+    def msg_id(self) -> int: ...
+    @property
+    def message(self) -> Any: ...
+    @property
+    def headers(self) -> Any: ...
+
+
+M = TypeVar("M", bound=StoredMessage)
+
+
+def undecodable_notes(rows: Iterable[M], raw: Callable[[M], RawQuery]) -> list[str]:
+    """The lines under a table for the documents in it Python cannot decode (a cell is short)."""
+    return [
+        f"msg_id {r.msg_id}, {key}: {undecodable_line(value, raw(r)(key))}"
+        for r in rows
+        for key, value in (("message", r.message), ("headers", r.headers))
+        if isinstance(value, Undecodable)
+    ]
 
 
 def compact_json(value: Any) -> str:
@@ -440,15 +489,19 @@ def render_table(
 
 
 def echo_table(
-    columns: Sequence[Column], rows: Sequence[Sequence[Any]], empty: str, footer: str = ""
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Any]],
+    empty: str,
+    footer: str = "",
+    notes: Sequence[str] = (),
 ) -> None:
-    """Print a table, or the `empty` line when there are no rows."""
+    """Print a table, or the `empty` line when there are no rows; then its footer and notes."""
     if not rows:
         click.echo(empty)
         return
     click.echo(render_table(columns, rows))
-    if footer:
-        click.echo(footer)
+    for line in [footer, *notes] if footer else notes:
+        click.echo(line)
 
 
 class Progress:

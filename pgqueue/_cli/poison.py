@@ -12,6 +12,7 @@ import click
 from pgqueue._cli._common import (
     Column,
     Progress,
+    RawQuery,
     ago,
     compact_json,
     confirm,
@@ -27,7 +28,9 @@ from pgqueue._cli._common import (
     server_now,
     shape,
     undecodable_line,
+    undecodable_notes,
     when,
+    with_raw_queries,
     yes_option,
 )
 from pgqueue._cli._main import main
@@ -111,7 +114,7 @@ def poison_list(
         items = client.poison_list(queue_name, qty=limit, since=after, reason=reason)
         total = client.poison_count(queue_name, PoisonFilter(after=after, reason=reason))
     if as_json:
-        emit_json([shape(p, POISON_FIELDS) for p in items])
+        emit_json([with_raw_queries(shape(p, POISON_FIELDS), poison_raw(p)) for p in items])
         return
     where = f" in queue {sql_literal(queue_name)}" if queue_name else ""
     echo_table(
@@ -119,7 +122,14 @@ def poison_list(
         poison_rows(items, now),
         empty=f"no poison messages{where}" + (" match" if since or reason else ""),
         footer=f"({len(items)} of {total}; see more with --limit)" if total > len(items) else "",
+        notes=undecodable_notes(items, poison_raw),
     )
+
+
+def poison_raw(p: PoisonMessage) -> RawQuery:
+    """The psql query that prints a column of this poison message raw."""
+    source = f"pgqueue.poison_get({sql_literal(p.queue_name)}, {p.msg_id})"
+    return lambda column: f"SELECT {column} FROM {source}"
 
 
 @poison.command("show")
@@ -139,7 +149,7 @@ def poison_show(
             f" `pgqueue poison list {queue_name}` shows the ones it has"
         )
     if as_json:
-        emit_json(shape(p, POISON_FIELDS))
+        emit_json(with_raw_queries(shape(p, POISON_FIELDS), poison_raw(p)))
         return
     click.echo(f"queue:     {p.queue_name}")
     click.echo(f"msg_id:    {p.msg_id}")
@@ -147,16 +157,16 @@ def poison_show(
     click.echo(f"enqueued:  {when(p.enqueued_at)}")
     click.echo(f"poisoned:  {when(p.poisoned_at)}")
     click.echo(f"reason:    {p.reason}")
-    raw = f"SELECT {{}} FROM pgqueue.poison_get({sql_literal(p.queue_name)}, {p.msg_id})"
+    raw = poison_raw(p)
     if p.headers is None:
         click.echo("headers:   (none)")
     elif isinstance(p.headers, Undecodable):
-        click.echo("headers:   " + undecodable_line(p.headers, raw.format("headers")))
+        click.echo("headers:   " + undecodable_line(p.headers, raw("headers")))
     else:
         click.echo("headers:")
         emit_json(p.headers)
     if isinstance(p.message, Undecodable):
-        click.echo("message:   " + undecodable_line(p.message, raw.format("message")))
+        click.echo("message:   " + undecodable_line(p.message, raw("message")))
     else:
         click.echo("message:")
         emit_json(p.message)

@@ -5,15 +5,19 @@ from __future__ import annotations
 import getpass
 import json
 import math
+import re
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
 import click
 
+from pgqueue._calls import encode_json
 from pgqueue._cli._common import (
     Column,
     Progress,
+    RawQuery,
     ago,
     compact_json,
     confirm,
@@ -28,12 +32,14 @@ from pgqueue._cli._common import (
     plural,
     server_now,
     shape,
+    undecodable_notes,
+    with_raw_queries,
     yes_option,
 )
 from pgqueue._cli._main import main
 from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue._client import Client
-from pgqueue._errors import InvalidMessage, sql_literal
+from pgqueue._errors import InvalidArgument, InvalidMessage, sql_literal
 from pgqueue.types import KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 # Rows per transaction for bulk work: short transactions, steady progress.
@@ -288,6 +294,36 @@ def _parse_json(text: str, where: str) -> Any:
         raise InvalidMessage(f"{where} is not valid JSON: {exc}; nothing was sent") from exc
 
 
+def _message(text: str, where: str) -> Any:
+    """A message from text, checked as the client will check it (a NUL, ...), naming `where`."""
+    value = _parse_json(text, where)
+    try:
+        encode_json(value, where)
+    except InvalidMessage as exc:
+        raise InvalidMessage(f"{exc}; nothing was sent") from exc
+    return value
+
+
+# How the entries name the message they refuse: `message`, or a batch's
+# `messages[i]`, counted from 1 within the statement.
+_REFUSED = re.compile(r"(?:message|messages\[(\d+)\]) ")
+
+
+def _naming_the_line(exc: InvalidArgument, lines: Sequence[str], first: int) -> InvalidArgument:
+    """The database's refusal of a message, naming the line of stdin it came from (else exc).
+
+    A batch's refusal counts within its statement, and the CLI sends 1,000
+    lines a statement after skipping blank ones: `messages[3]` may be line 1,004.
+    """
+    found = _REFUSED.match(str(exc))
+    if found is None or isinstance(exc, InvalidMessage):  # InvalidMessage: Python's own check
+        return exc
+    index = first + (int(found[1]) - 1 if found[1] else 0)
+    if not 0 <= index < len(lines):
+        return exc
+    return InvalidArgument(f"{lines[index]}: message {str(exc)[found.end() :]}; nothing was sent")
+
+
 def stdin_prompt(stream: TextIO) -> str | None:
     """The line to show before reading messages from stream: only when a person types them."""
     if not stream.isatty():
@@ -335,30 +371,35 @@ def send(
         if message == "-":
             if (prompt := stdin_prompt(sys.stdin)) is not None:
                 click.echo(prompt, err=True)
-            messages = [
-                _parse_json(line, f"line {n} of stdin")
+            given = [
+                (f"line {n} of stdin", line)
                 for n, line in enumerate(sys.stdin, start=1)
                 if line.strip()
             ]
-            if not messages:
+            if not given:
                 fail("no messages on stdin (one JSON value per line); nothing was sent")
-            if dedupe_key is not None and len(messages) > 1:
+            if dedupe_key is not None and len(given) > 1:
                 fail("--dedupe-key applies to one message; stdin had several; nothing was sent")
+            lines = [where for where, _ in given]
         else:
-            messages = [_parse_json(message, "the message")]
+            given, lines = [("the message", message)], []
+        messages = [_message(text, where) for where, text in given]
         with open_client(dsn, connect_timeout) as client:
             if dedupe_key is None:
-                ids = _send_all(client, queue_name, messages, parsed_headers, delay)
+                ids = _send_all(client, queue_name, messages, parsed_headers, delay, lines)
                 sent = True
                 line = _sent_line(queue_name, ids)
             else:
-                keyed = client.send_keyed(
-                    queue_name,
-                    messages[0],
-                    dedupe_key=dedupe_key,
-                    headers=parsed_headers,
-                    delay=delay,
-                )
+                try:
+                    keyed = client.send_keyed(
+                        queue_name,
+                        messages[0],
+                        dedupe_key=dedupe_key,
+                        headers=parsed_headers,
+                        delay=delay,
+                    )
+                except InvalidArgument as exc:
+                    raise _naming_the_line(exc, lines, 0) from exc
                 ids, sent = [keyed.msg_id], keyed.sent
                 line = _keyed_line(queue_name, keyed, dedupe_key)
     if as_json:
@@ -391,23 +432,31 @@ def _send_all(
     messages: list[Any],
     headers: dict[str, Any] | None,
     delay: int,
+    lines: Sequence[str],
 ) -> list[int]:
-    """Send everything in one transaction (all or nothing); the msg_ids in order."""
-    if len(messages) == 1:
-        return [client.send(queue_name, messages[0], headers=headers, delay=delay)]
-    ids: list[int] = []
-    bar = Progress(len(messages), f"sending to {queue_name}")
+    """Send everything in one transaction (all or nothing); the msg_ids in order.
+
+    A message the database refuses is named by its line of stdin (`lines`), if any.
+    """
+    start = 0
     try:
-        with client.connection() as conn, conn.transaction():
-            for start in range(0, len(messages), CHUNK):
-                chunk = messages[start : start + CHUNK]
-                ids += client.send_batch(
-                    queue_name, chunk, headers=[headers] * len(chunk), delay=delay, conn=conn
-                )
-                bar.update(len(chunk))
-    finally:
-        bar.close()
-    return ids
+        if len(messages) == 1:
+            return [client.send(queue_name, messages[0], headers=headers, delay=delay)]
+        ids: list[int] = []
+        bar = Progress(len(messages), f"sending to {queue_name}")
+        try:
+            with client.connection() as conn, conn.transaction():
+                for start in range(0, len(messages), CHUNK):
+                    chunk = messages[start : start + CHUNK]
+                    ids += client.send_batch(
+                        queue_name, chunk, headers=[headers] * len(chunk), delay=delay, conn=conn
+                    )
+                    bar.update(len(chunk))
+        finally:
+            bar.close()
+        return ids
+    except InvalidArgument as exc:
+        raise _naming_the_line(exc, lines, start) from exc
 
 
 @main.command()
@@ -431,7 +480,12 @@ def peek(
         now = server_now(client)
         got = client.peek(queue_name, qty=limit, after_msg_id=after)
     if as_json:
-        emit_json([{**shape(p, PEEK_FIELDS), "state": p.state(now)} for p in got])
+        emit_json(
+            [
+                {**with_raw_queries(shape(p, PEEK_FIELDS), _peek_raw(p)), "state": p.state(now)}
+                for p in got
+            ]
+        )
         return
     echo_table(
         [
@@ -447,7 +501,14 @@ def peek(
         empty=f"queue {sql_literal(queue_name)} has no live messages"
         + (f" after msg_id {after}" if after else ""),
         footer=f"(first {limit}; more with --after {got[-1].msg_id})" if len(got) == limit else "",
+        notes=undecodable_notes(got, _peek_raw),
     )
+
+
+def _peek_raw(p: PeekedMessage) -> RawQuery:
+    """The psql query that prints a column of this live message raw (peek takes the next one)."""
+    source = f"pgqueue.peek({sql_literal(p.queue)}, 1, {p.msg_id - 1}) WHERE msg_id = {p.msg_id}"
+    return lambda column: f"SELECT {column} FROM {source}"
 
 
 def _peek_row(p: PeekedMessage, now: datetime) -> tuple[Any, ...]:

@@ -120,3 +120,11 @@ def test_pop_leaves_it_out_and_logs_its_text(
     logged = [e for e in captured_logs if e["event"] == "message.undecodable"]
     assert {e["msg_id"] for e in logged} == {bad["deep"], bad["deep_headers"]}
     assert all(e["action"] == "lost: it was popped" and e["text"] for e in logged)
+
+
+def test_a_backslash_before_u0000_in_a_string_is_no_nul_and_is_sent(client: Client) -> None:
+    """json.dumps writes a backslash and "u0000" as \\\\u0000: no NUL character, stored fine."""
+    client.create_queue("text")
+    client.send("text", {"path": "C:\\u0000"})
+    [msg] = client.read("text", vt=30, qty=1)
+    assert msg.message == {"path": "C:\\u0000"}
