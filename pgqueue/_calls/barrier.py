@@ -12,6 +12,7 @@ from pgqueue._calls import (
     Call,
     Row,
     column,
+    decode_json,
     encode_json,
     encode_json_list,
     int32,
@@ -203,13 +204,24 @@ def barrier_status(barrier_id: str) -> Call[BarrierStatus]:
     )
 
 
+# A member's result as the database prints it, decoded row by row: one this
+# Python cannot decode (stored by a handler of another language, or by hand)
+# shows as an Undecodable instead of failing the whole list.
+RESULT_COLUMNS = "member_index, msg_id, outcome, result::text, completed_at"
+
+
+def member_results(rows: list[Row]) -> list[MemberResult]:
+    """MemberResult rows of RESULT_COLUMNS, each result decoded on its own."""
+    return [MemberResult(i, m, o, decode_json(r), c) for i, m, o, r, c in rows]
+
+
 def barrier_results(barrier_id: str) -> Call[list[MemberResult]]:
     """Every member's outcome and result, by member index."""
     return Call(
         "barrier_results",
-        "SELECT * FROM pgqueue.barrier_results(%s)",
+        f"SELECT {RESULT_COLUMNS} FROM pgqueue.barrier_results(%s)",
         (barrier_id,),
-        lambda rows: [MemberResult(*r) for r in rows],
+        member_results,
     )
 
 
@@ -217,9 +229,10 @@ def barrier_failures(barrier_id: str, qty: int = 100) -> Call[list[MemberFailure
     """The members that completed other than succeeded, by member index, with their reason."""
     return Call(
         "barrier_failures",
-        "SELECT * FROM pgqueue.barrier_failures(%s, %s)",
+        "SELECT member_index, msg_id, outcome, reason, result::text, completed_at"
+        " FROM pgqueue.barrier_failures(%s, %s)",
         (barrier_id, int32("qty", qty)),
-        lambda rows: [MemberFailure(*r) for r in rows],
+        lambda rows: [MemberFailure(i, m, o, w, decode_json(r), c) for i, m, o, w, r, c in rows],
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgqueue._calls import Call, Row, encode_json, int32, scalar
+from pgqueue._calls.barrier import RESULT_COLUMNS, member_results
 from pgqueue._errors import InvalidArgument
 from pgqueue.types import MemberResult, Step, StepStatus, WorkflowStatus
 
@@ -135,9 +136,9 @@ def step_results(workflow_id: str, step: str) -> Call[list[MemberResult]]:
     """What a step's members returned, by member index."""
     return Call(
         "step_results",
-        "SELECT * FROM pgqueue.step_results(%s, %s)",
+        f"SELECT {RESULT_COLUMNS} FROM pgqueue.step_results(%s, %s)",
         (workflow_id, step),
-        lambda rows: [MemberResult(*r) for r in rows],
+        member_results,
     )
 
 

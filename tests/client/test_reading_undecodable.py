@@ -128,3 +128,30 @@ def test_a_backslash_before_u0000_in_a_string_is_no_nul_and_is_sent(client: Clie
     client.send("text", {"path": "C:\\u0000"})
     [msg] = client.read("text", vt=30, qty=1)
     assert msg.message == {"path": "C:\\u0000"}
+
+
+def test_a_result_python_cannot_decode_shows_as_such_and_the_others_read(
+    client: Client, sql: Any
+) -> None:
+    """A member's result is not checked at the door (a worker's ack of a batch must not fail
+    for one): its readers decode row by row. Before, barrier_results raised for the lot."""
+    from pgqueue import Step
+
+    client.create_queue("work")
+    client.create_queue("done")
+    bid = client.fan_out("work", [1, 2], callback_queue="done", callback_message={})
+    a, b = client.read("work", vt=30, qty=5)
+    sql.execute("SELECT pgqueue.complete_member('work', %s, 'failed', %s::jsonb)", (a.msg_id, DEEP))
+    client.complete_member("work", b.msg_id, result={"ok": True})
+    first, second = client.barrier_results(bid)
+    assert isinstance(first.result, Undecodable) and second.result == {"ok": True}
+    [failure] = client.barrier_failures(bid)
+    assert isinstance(failure.result, Undecodable)
+    wid = client.start_workflow("w", [Step("s", "work", 1)])
+    [step_msg] = client.read("work", vt=30, qty=5)
+    sql.execute(
+        "SELECT pgqueue.complete_member('work', %s, 'succeeded', %s::jsonb)",
+        (step_msg.msg_id, DEEP),
+    )
+    [result] = client.step_results(wid, "s")
+    assert isinstance(result.result, Undecodable)
