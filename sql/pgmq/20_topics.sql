@@ -239,6 +239,8 @@ BEGIN
             HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
     END IF;
     PERFORM pgqueue._require_nonnegative('delay', send_topic.delay);
+    -- the header rule holds when no queue is bound too: a refusal never depends on routing
+    PERFORM pgqueue._require_headers(send_topic.headers);
     FOR v_queue IN SELECT t.queue_name FROM pgmq._topic_queues(send_topic.routing_key) t LOOP
         PERFORM pgmq.send(v_queue, send_topic.msg, send_topic.headers, send_topic.delay);
         v_sent := v_sent + 1;
@@ -285,6 +287,9 @@ BEGIN
     IF send_batch_topic.delay IS NULL THEN
         RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';
     END IF;
+    IF send_batch_topic.headers IS NOT NULL THEN
+        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch_topic.headers) h;
+    END IF;
     FOR v_queue IN SELECT * FROM pgmq._topic_queues(send_batch_topic.routing_key) LOOP
         RETURN QUERY
         SELECT v_queue.pgmq_name, s.id
@@ -303,6 +308,9 @@ AS $$
 BEGIN
     IF send_batch_topic.delay IS NULL THEN
         RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF send_batch_topic.headers IS NOT NULL THEN
+        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch_topic.headers) h;
     END IF;
     RETURN QUERY
     SELECT * FROM pgmq.send_batch_topic(

@@ -179,6 +179,10 @@ ENTRIES = {
     "pgmq.send": "SELECT pgmq.send('work', '{}', %(h)s::jsonb)",
     "pgmq.send_batch": "SELECT pgmq.send_batch('work', ARRAY['{}'::jsonb], ARRAY[%(h)s::jsonb])",
     "pgmq.send_topic": "SELECT pgmq.send_topic('work.x', '{}', %(h)s::jsonb, 0)",
+    "pgmq.send_topic, routed nowhere": "SELECT pgmq.send_topic('none.x', '{}', %(h)s::jsonb, 0)",
+    "pgmq.send_batch_topic, routed nowhere": (
+        "SELECT * FROM pgmq.send_batch_topic('none.x', ARRAY['{}'::jsonb], ARRAY[%(h)s::jsonb], 0)"
+    ),
 }
 
 
