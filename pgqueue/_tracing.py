@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (`pip install pgqueue[otel]`): the only module that imports opentelemetry.
+"""OpenTelemetry traces (`pip install pgqueue-py[otel]`): the only module that imports opentelemetry.
 
 Spans follow the OpenTelemetry messaging conventions: `send {queue}`
 (PRODUCER) around send, send_keyed, send_batch and fan_out; `process {queue}`
@@ -45,7 +45,7 @@ Trace = tuple[str, str | None]
 
 def _version() -> str:
     try:
-        return metadata.version("pgqueue")
+        return metadata.version("pgqueue-py")
     except metadata.PackageNotFoundError:  # pragma: no cover - a source tree without metadata
         return "0"
 

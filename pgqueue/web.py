@@ -1,6 +1,6 @@
 """The web dashboard as an ASGI app: `create_app()` to serve or mount (docs/dashboard.md).
 
-Needs the `web` extra: pip install 'pgqueue[web]'.
+Needs the `web` extra: pip install 'pgqueue-py[web]'.
 """
 
 from __future__ import annotations

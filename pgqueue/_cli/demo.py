@@ -73,7 +73,7 @@ def next_steps(
         f"  pgqueue barrier show {barrier_id}",
         "  pgqueue queue list",
         "",
-        "To see it all in a browser: pip install 'pgqueue[web]', then `pgqueue web`",
+        "To see it all in a browser: pip install 'pgqueue-py[web]', then `pgqueue web`",
         "(http://127.0.0.1:8765/; docs/dashboard.md).",
     ]
     if embedded:

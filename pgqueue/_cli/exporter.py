@@ -30,10 +30,10 @@ def exporter(port: int, addr: str, dsn: str | None, connect_timeout: float) -> N
 
     Each scrape runs one query, pgqueue.exporter_metrics(), however many
     queues there are; run it with a role in pgqueue_operator. The metrics
-    and alert rules are in docs/observability.md. Needs pgqueue[prometheus].
+    and alert rules are in docs/observability.md. Needs pgqueue-py[prometheus].
     """
     if importlib.util.find_spec("prometheus_client") is None:
-        fail("the exporter needs prometheus_client: pip install 'pgqueue[prometheus]'", 2)
+        fail("the exporter needs prometheus_client: pip install 'pgqueue-py[prometheus]'", 2)
     from pgqueue._metrics import exporter_registry, serve_registry
 
     stop = threading.Event()

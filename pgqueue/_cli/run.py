@@ -70,7 +70,7 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     "--metrics-port",
     type=int,
     default=None,
-    help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue[prometheus].",
+    help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue-py[prometheus].",
 )
 @click.option(
     "--registry-interval",
@@ -108,7 +108,7 @@ def worker(app_path: str, dsn: str | None, queues: tuple[str, ...], **options: A
         except InvalidSettings as exc:
             raise settings_usage_error(ctx, exc) from exc
         if settings.metrics_port and importlib.util.find_spec("prometheus_client") is None:
-            fail("--metrics-port needs prometheus_client: pip install 'pgqueue[prometheus]'", 2)
+            fail("--metrics-port needs prometheus_client: pip install 'pgqueue-py[prometheus]'", 2)
         try:
             app.consumed(settings.queues)
         except InvalidArgument as exc:

@@ -41,12 +41,12 @@ def web(
     """Serve the dashboard: queues, poison, barriers, workflows and workers, until Ctrl-C.
 
     Binds to 127.0.0.1 unless told otherwise; another address needs a login
-    (PGQUEUE_WEB_TOKEN or PGQUEUE_WEB_BASIC_AUTH). Needs pgqueue[web].
+    (PGQUEUE_WEB_TOKEN or PGQUEUE_WEB_BASIC_AUTH). Needs pgqueue-py[web].
     """
     setup_logging()
     missing = [m for m in ("starlette", "jinja2", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
-        fail(f"the dashboard needs {', '.join(missing)}: pip install 'pgqueue[web]'", 2)
+        fail(f"the dashboard needs {', '.join(missing)}: pip install 'pgqueue-py[web]'", 2)
     import uvicorn
 
     from pgqueue._web.app import check_grants, create_app, web_dsn

@@ -1,1 +1,1 @@
-"""The web dashboard (`pgqueue web`, docs/dashboard.md); needs pgqueue[web]."""
+"""The web dashboard (`pgqueue web`, docs/dashboard.md); needs pgqueue-py[web]."""

@@ -338,7 +338,7 @@ def _metrics(
     except ImportError as exc:
         raise InvalidArgument(
             f"metrics_port={settings.metrics_port} needs prometheus_client:"
-            " pip install 'pgqueue[prometheus]'"
+            " pip install 'pgqueue-py[prometheus]'"
         ) from exc
     metrics = WorkerMetrics(settings.queues)
     metrics.watch(inflight.by_queue, inflight.acking)

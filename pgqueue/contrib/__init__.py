@@ -1,1 +1,1 @@
-"""Integrations with frameworks, each an optional extra (`pgqueue[django]`)."""
+"""Integrations with frameworks, each an optional extra (`pgqueue-py[django]`)."""

@@ -14,7 +14,7 @@ import pytest
 
 from pgqueue import AsyncClient, Client, InvalidArgument
 
-sqlalchemy = pytest.importorskip("sqlalchemy", reason="needs pgqueue[sqlalchemy]")
+sqlalchemy = pytest.importorskip("sqlalchemy", reason="needs pgqueue-py[sqlalchemy]")
 
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402

