@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-import structlog
 from psycopg import pq
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import tuple_row
@@ -26,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue._calls import Call
 from pgqueue._errors import ConnectionLost, InvalidArgument, translate
+from pgqueue._log import get_logger
 from pgqueue._retry import (
     NO_RETRY,
     RetryPolicy,
@@ -45,7 +45,7 @@ from pgqueue._settings import (
 JSON_OID = 114
 JSONB_OID = 3802
 T = TypeVar("T")
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]

@@ -19,16 +19,18 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - what the CLI turns into one line
-    raise ImportError("metrics need prometheus_client: pip install 'pgqueue-py[prometheus]'") from exc
+    raise ImportError(
+        "metrics need prometheus_client: pip install 'pgqueue-py[prometheus]'"
+    ) from exc
 
 import psycopg
-import structlog
 
 from pgqueue._calls import Call, Row
 from pgqueue._errors import PgQueueError
+from pgqueue._log import get_logger
 from pgqueue.types import Message
 
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 # What becomes of a message a worker held (pgqueue_messages_total's outcome).
 OUTCOMES = ("acked", "nacked", "poisoned", "released", "lease_lost")

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import structlog
 
 from pgqueue._errors import MigrationError, permission_denied
+from pgqueue._log import get_logger
 
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 # Every process that migrates takes this transaction-level advisory lock, so
 # two migrators never interleave, and a transaction-level lock (unlike a session

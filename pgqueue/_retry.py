@@ -6,10 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
-import structlog
 import tenacity
 
-log = structlog.get_logger("pgqueue")
+from pgqueue._log import get_logger
+
+log = get_logger()
 
 # Class 08: connection exceptions. 57P01-57P03: the server is shutting down,
 # crashed, or not accepting connections yet (restart, failover,

@@ -12,14 +12,13 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-import structlog
-
 from pgqueue._calls import Call, seconds
 from pgqueue._calls.single_flight import claim, finish, release, renew
 from pgqueue._errors import PgQueueError
+from pgqueue._log import get_logger
 from pgqueue.types import Duration
 
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 # How a claim runs its calls: the client's run (retried on dead connections).
 Runner = Callable[[Call[Any]], Any]

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (`pip install pgqueue-py[otel]`): the only module that imports opentelemetry.
+"""OpenTelemetry traces (`pgqueue-py[otel]`): the only module that imports opentelemetry.
 
 Spans follow the OpenTelemetry messaging conventions: `send {queue}`
 (PRODUCER) around send, send_keyed, send_batch and fan_out; `process {queue}`

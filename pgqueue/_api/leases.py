@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import psycopg
-import structlog
 
 from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._api.base import AsyncRunner, SyncRunner
@@ -15,10 +14,11 @@ from pgqueue._calls import queue as _queue
 from pgqueue._calls.queue import Leased, undecodable_part
 from pgqueue._connection import execute, execute_async
 from pgqueue._errors import PgQueueError
+from pgqueue._log import get_logger
 from pgqueue._retry import is_dead_connection
 from pgqueue.types import Duration, Message
 
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 
 def _undecodable(msg: Message, popped: bool) -> Call[bool] | None:

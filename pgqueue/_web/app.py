@@ -21,7 +21,6 @@ from urllib.parse import urlencode
 
 import jinja2
 import psycopg
-import structlog
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -45,6 +44,7 @@ from pgqueue._errors import (
     QueueNotFound,
     WorkflowNotFound,
 )
+from pgqueue._log import get_logger
 from pgqueue._retry import RetryPolicy
 from pgqueue._settings import resolve_dsn
 from pgqueue._web import draw, formats, params, queries
@@ -78,7 +78,7 @@ SINCE = {
 }
 SORTS = ("name", "visible", "leased", "delayed", "oldest", "poison", "barriers")
 
-log = structlog.get_logger("pgqueue.web")
+log = get_logger("pgqueue.web")
 
 # What a page answers 404 for; every other error is the database's (503) or a bug (500).
 NOT_FOUND = (QueueNotFound, BarrierNotFound, WorkflowNotFound)

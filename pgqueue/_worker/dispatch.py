@@ -245,8 +245,10 @@ class Dispatcher:
         except Exception as exc:
             if span is not None:
                 span.failed(exc)
+            # one failure, one traceback: on the first line that will be logged
+            first = next((t for t in tasks if not (t.abandoned or t.lease_lost)), None)
             for task in tasks:
-                self.leases.nack(task, exc)
+                self.leases.nack(task, exc, traceback=task is first)
         finally:
             if self.metrics is not None:
                 self.metrics.handler_ran(handler.queue, self.clock.now() - begun)

@@ -155,8 +155,13 @@ class Leases:
         if tasks:
             self.log.info("worker.gave_back", count=released, of=len(tasks), why=why)
 
-    def nack(self, task: Task, exc: Exception) -> None:
-        """Give the failed attempt back with a backoff; its last one goes to the poison table."""
+    def nack(self, task: Task, exc: Exception, *, traceback: bool = True) -> None:
+        """Give the failed attempt back with a backoff; its last one goes to the poison table.
+
+        Its line carries the handler's traceback (not for a Retry the handler
+        raised on purpose); a batch's messages share one failure, so only the
+        first message's line carries it (traceback=False for the others).
+        """
         s = self.settings
         msg = task.msg
         mlog = message_log(self.log, msg)
@@ -168,15 +173,18 @@ class Leases:
             backoff = min(s.backoff_max, s.backoff_base * 2 ** max(msg.read_ct - 1, 0))
             delay = round(backoff * random.uniform(0.5, 1.5))
         error = f"{type(exc).__name__}: {exc}"
+        trace = exc if traceback and not isinstance(exc, Retry) else None
         try:
             outcome = self.db.nack(msg, max(0, int(delay)), error)
         except DB_ERRORS as nack_exc:
-            mlog.error("message.nack_failed", error=str(nack_exc), handler_error=error)
+            mlog.error(
+                "message.nack_failed", error=str(nack_exc), handler_error=error, exc_info=trace
+            )
             return
         if outcome in ("retry", "poisoned"):
             self.count(msg.queue, "nacked" if outcome == "retry" else "poisoned")
         if outcome == "retry":
-            mlog.warning("message.failed", error=error, retry_in=delay)
+            mlog.warning("message.failed", error=error, retry_in=delay, exc_info=trace)
         elif outcome == "poisoned":
             mlog.warning(
                 "message.poisoned",
@@ -184,9 +192,10 @@ class Leases:
                 error=error,
                 max_attempts=self.max_attempts.get(msg.queue),
                 by="nack",
+                exc_info=trace,
             )
         else:
-            mlog.warning("message.failed", error=error)
+            mlog.warning("message.failed", error=error, exc_info=trace)
             self.lost(task)
 
     def poison(self, task: Task, exc: Exception) -> None:

@@ -16,12 +16,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from pgqueue import _tracing
 from pgqueue._client import Client
 from pgqueue._connection import connect_refusal
 from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
+from pgqueue._log import get_logger
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock, SystemClock
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
 # timeouts, the health file); leases need extending seconds ahead, not sooner.
 DUTY_INTERVAL = 0.05
 
-log = structlog.get_logger("pgqueue")
+log = get_logger()
 
 
 class Worker:

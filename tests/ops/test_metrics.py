@@ -205,7 +205,8 @@ def test_metrics_port_without_prometheus_client_is_one_line_and_exit_2(dsn: str)
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "pgqueue: error: --metrics-port needs prometheus_client: pip install 'pgqueue-py[prometheus]'"
+        "pgqueue: error: --metrics-port needs prometheus_client:"
+        " pip install 'pgqueue-py[prometheus]'"
     ]
 
 

