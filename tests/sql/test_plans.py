@@ -188,8 +188,10 @@ def test_one_message_reads_and_acks_find_messages_by_key_on_a_table_never_analyz
         assert not any("pgqueue._take(" in p for p in found), f"{name} ran a round of _take"
         for plan in found:
             assert_found_by_key(plan)
-        # 30,000 messages' worth of dead index entries and rows sit in the queue
-        assert executed_buffers(found) < 150, f"{name}: {executed_buffers(found)} buffers"
+        # 30,000 messages' worth of dead index entries and rows sit in the queue:
+        # a scan through them is thousands of buffers; a probe by key about a
+        # hundred, more when a parallel suite's sessions leave catalog work (151 once)
+        assert executed_buffers(found) < 400, f"{name}: {executed_buffers(found)} buffers"
     for name in ("read", "read again", "pop"):
         assert any("message_fresh_idx" in p for p in plans[name]), plans[name]
         assert any("message_timed_idx" in p for p in plans[name]), plans[name]
