@@ -27,6 +27,15 @@ from pgqueue._errors import sql_literal
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=60)
 
 
+# What PGMQ's Python client needs beside a facade installed as SQL: its default
+# start-up runs CREATE EXTENSION IF NOT EXISTS pgmq, which fails here (after an
+# import, with PGMQ's own files still on the server: relation "meta" already exists).
+CLIENT_SWITCH = (
+    "PGMQ's clients: start PGMQ's Python client with init_extension=False (or"
+    " PG_INIT_EXTENSION=false); its default CREATE EXTENSION pgmq fails beside the facade"
+)
+
+
 @main.group("pgmq")
 def pgmq_group() -> None:
     """The pgmq facade: PGMQ's SQL API over pgqueue, and moving off a real PGMQ (docs/pgmq.md)."""
@@ -44,6 +53,7 @@ def pgmq_install(dsn: str | None, connect_timeout: float) -> None:
         version = _pgmq.install(c)
     verb = "reinstalled" if before.installed else "installed"
     click.echo(f"{verb} the pgmq facade (PGMQ {version} API) in schema pgmq")
+    click.echo(CLIENT_SWITCH)
 
 
 @pgmq_group.command("uninstall")
@@ -152,6 +162,8 @@ def pgmq_import(
     click.echo(_summary(report))
     for note in report.notes:
         click.echo(f"note: {note}")
+    if report.facade_version is not None and not report.dry_run:
+        click.echo(CLIENT_SWITCH)
 
 
 def _show(report: _pgmq.ImportReport) -> None:
@@ -196,5 +208,5 @@ def _summary(report: _pgmq.ImportReport) -> str:
         return f"moved {what} into pgqueue; PGMQ keeps {left}"
     return (
         f"moved {what} into pgqueue, removed PGMQ and installed the pgmq facade"
-        f" (PGMQ {report.facade_version} API): PGMQ clients keep working"
+        f" (PGMQ {report.facade_version} API)"
     )

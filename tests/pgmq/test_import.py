@@ -695,3 +695,22 @@ def test_a_send_to_the_empty_queue_during_the_import_is_waited_for_and_its_id_re
             " JOIN pgqueue.queue q USING (queue_id) WHERE q.queue_name = 'mixed'"
         ).fetchall()
         assert rows == [(1, {"late": 1})]
+
+
+def test_cli_import_says_what_pgmqs_client_needs_beside_the_facade(filled: str) -> None:
+    """After an import PGMQ's files may still be on the server: the client's default
+    CREATE EXTENSION then fails (relation "meta" already exists); the CLI says the switch."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_LOG")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "pgmq", "import", "--yes", "--dsn", filled],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    [summary] = [line for line in lines if line.startswith("moved 4 queues")]
+    assert summary.endswith("(PGMQ 1.13.0 API)")
+    switch = lines[-1]
+    assert switch.startswith("PGMQ's clients: start PGMQ's Python client with init_extension=False")

@@ -278,9 +278,13 @@ def test_cli_install_status_uninstall(dsn: str) -> None:
     ]
     done = _cli("install", dsn=dsn)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "installed the pgmq facade (PGMQ 1.13.0 API) in schema pgmq\n"
+    switch = (
+        "PGMQ's clients: start PGMQ's Python client with init_extension=False (or"
+        " PG_INIT_EXTENSION=false); its default CREATE EXTENSION pgmq fails beside the facade\n"
+    )
+    assert done.stdout == "installed the pgmq facade (PGMQ 1.13.0 API) in schema pgmq\n" + switch
     again = _cli("install", dsn=dsn)
-    assert again.stdout == "reinstalled the pgmq facade (PGMQ 1.13.0 API) in schema pgmq\n"
+    assert again.stdout == "reinstalled the pgmq facade (PGMQ 1.13.0 API) in schema pgmq\n" + switch
     shown = _cli("status", "--json", dsn=dsn)
     assert json.loads(shown.stdout) == {
         "installed": True,
