@@ -129,10 +129,15 @@ class Worker:
         self.stop(force=not first)
 
     def run(self, *, install_signals: bool = True) -> int:
-        """Run until stop() or SIGTERM/SIGINT (a second one stops at once); the exit code."""
+        """Run until stop() or SIGTERM/SIGINT/SIGHUP (a second one stops at once); the exit code."""
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+            # A closed terminal or session (SIGHUP) would kill the process where
+            # it stands, its leases waiting out their vt and its row left behind;
+            # under nohup, which ignores it, it stays ignored.
+            if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+                signal.signal(signal.SIGHUP, self._on_signal)
         s = self.settings
         if self.metrics is not None:
             # Served from the start: a worker waiting for its database is

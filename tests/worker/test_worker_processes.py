@@ -165,3 +165,54 @@ def test_a_worker_gives_up_on_a_server_that_stays_down_after_its_startup_timeout
         errors = [line for line in w.log.read_text().splitlines() if "pgqueue: error" in line]
         assert len(errors) == 1 and "attempts in 3." in errors[0], errors
         assert "Traceback" not in w.log.read_text()
+
+
+def test_sighup_from_a_closed_session_stops_like_sigterm_and_deregisters(
+    dsn: str, spawn: Any
+) -> None:
+    """A terminal that closes sends SIGHUP: the worker used to die where it stood,
+    its lease waiting out its vt and its row listed as lost."""
+    with prepare(dsn) as client:
+        slow = client.send("jobs", {"sleep": 60})
+        w = spawn(dsn, "--shutdown-grace", "1", "--vt", "60")
+        wait_until(lambda: count(dsn, "start") == 1)
+        wait_until(lambda: len(client.list_workers()) == 1)
+        w.signal(signal.SIGHUP)
+        assert w.wait() == 0
+        assert client.list_workers() == []
+        [again] = client.read("jobs", vt=60, qty=5)  # given back, not waiting out 60 s
+        assert again.msg_id == slow
+        [said] = w.events("worker.signal")
+        assert said["signal"] == "SIGHUP" and said["graceful"] is True
+
+
+def test_under_nohup_sighup_stays_ignored(dsn: str, tmp_path: Any) -> None:
+    with prepare(dsn) as client:
+        env = dict(os.environ, PGQUEUE_DSN=dsn, PYTHONPATH=str(TESTS), PGQUEUE_LOG_FORMAT="json")
+        log = (tmp_path / "nohup.log").open("wb")
+        p = subprocess.Popen(
+            [
+                "nohup",
+                sys.executable,
+                "-m",
+                "pgqueue",
+                "worker",
+                "support.worker_app:app",
+                "--queue",
+                "jobs",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(lambda: len(client.list_workers()) == 1)
+            p.send_signal(signal.SIGHUP)
+            time.sleep(1.0)
+            assert p.poll() is None, "a nohup'd worker stopped on SIGHUP"
+            client.send("jobs", {"n": 1})
+            wait_until(lambda: count(dsn, "done") == 1)
+        finally:
+            p.terminate()
+            p.wait(30)
+            log.close()
