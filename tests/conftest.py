@@ -7,6 +7,10 @@ the README and the benchmarks), models/ (hypothesis state machines), soak/
 test gets a database of its own: tests/support/db.py.
 """
 
+# A Django project the integration tests run (its test_runner.py is Django's,
+# not a pytest module).
+collect_ignore = ["django_project"]
+
 pytest_plugins = ["support.db", "support.processes", "support.pgmq", "support.roles"]
 
 

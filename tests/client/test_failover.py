@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from support.db import wait_until
+from support.extras import needs_extra
 from support.processes import count, prepare
 from support.standby import Pair, SwitchProxy, primary_with_standby, server_port
 
@@ -398,7 +399,7 @@ def scrape(port: int) -> str:
 def test_the_exporter_scrapes_through_a_multi_host_dsn_and_answers_fast_in_an_outage(
     pair: Pair,
 ) -> None:
-    pytest.importorskip("prometheus_client", reason="the exporter needs pgqueue-py[prometheus]")
+    needs_extra("prometheus")
     proxy = SwitchProxy(pair.primary_dsn)
     multi = pair.multi_host_dsn(pair.standby, pair.primary)
     # through a multi-host DSN whose first host is the standby

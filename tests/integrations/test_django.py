@@ -19,11 +19,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.extras import needs_extra
 
 from pgqueue import Client
 from pgqueue._migrate import available
 
-pytest.importorskip("django")
+needs_extra("django")
 
 PROJECT = Path(__file__).resolve().parents[1] / "django_project"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"

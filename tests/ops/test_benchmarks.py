@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.db import LOCAL_DSN, answers
+from support.extras import needs_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_the_suite_runs_in_smoke_mode(tmp_path: Path) -> None:
 @pytest.mark.bench
 @pytest.mark.skipif(not answers(LOCAL_DSN), reason="needs the local server")
 def test_the_dashboard_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:
-    pytest.importorskip("starlette", reason="the dashboard comes with pip install -e '.[web]'")
+    needs_extra("web")
     result = subprocess.run(
         [
             sys.executable,

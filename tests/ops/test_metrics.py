@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import yaml
 from support.db import wait_until
+from support.extras import needs_extra
 from support.processes import TESTS, prepare
 
-prometheus_client = pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+needs_extra("prometheus")
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = TESTS.parent
 ALERTS = ROOT / "docs" / "alerts.yml"

@@ -18,8 +18,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("starlette")
+needs_extra("web")
 
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("starlette", reason="the dashboard comes with pip install -e '.[web]'")
-pytest.importorskip("uvicorn", reason="the dashboard comes with pip install -e '.[web]'")
+needs_extra("web")
 
 from support.dashboard_data import seed
 from support.processes import prepare

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
+needs_extra("web")
 
 from starlette.testclient import TestClient
 from support.db import refused_dsn

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("starlette")
+needs_extra("web")
 
 from starlette.applications import Starlette
 from starlette.routing import Mount

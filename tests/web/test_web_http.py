@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("starlette")
-pytest.importorskip("httpx")
+needs_extra("web")
 
 from starlette.applications import Starlette
 from starlette.routing import Mount

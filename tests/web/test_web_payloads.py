@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.extras import needs_extra
 
-pytest.importorskip("starlette")
+needs_extra("web")
 
 from starlette.testclient import TestClient
 
