@@ -482,11 +482,11 @@ def test_a_worker_on_a_multi_host_dsn_listens_and_works_on_the_primary(
 def test_the_listener_reconnects_within_a_second_and_registers_on_the_new_primary(
     pair: Pair, captured_logs: list[dict[str, Any]]
 ) -> None:
-    import structlog
+    from pgqueue._log import get_logger
 
     proxy = SwitchProxy(pair.standby_dsn)
     stopping = threading.Event()
-    listener = Listener(proxy.dsn, ("listen",), stopping, structlog.get_logger("test"))
+    listener = Listener(proxy.dsn, ("listen",), stopping, get_logger())
     try:
         started = time.monotonic()
         listener.idle(10.0)  # LISTEN on a standby: 25006

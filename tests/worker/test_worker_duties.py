@@ -11,9 +11,9 @@ import threading
 from typing import Any
 
 import psycopg
-import structlog
 
 from pgqueue import App, Client, Message, WorkerSettings
+from pgqueue._log import get_logger
 from pgqueue._worker.app import Handler
 from pgqueue._worker.clock import ManualClock
 from pgqueue._worker.db import WorkerDb
@@ -23,7 +23,7 @@ from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.reader import Reader
 from pgqueue._worker.registry import Registry
 
-LOG = structlog.get_logger("pgqueue")
+LOG = get_logger()
 
 
 def noop(msg: Message) -> None:
