@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row, namedtuple_row
+from support.extras import needs_extra
 
 import pgqueue
 from pgqueue import AsyncClient, Client, InvalidArgument, PgQueueError
@@ -344,6 +345,7 @@ c = client()
 
 def django(dsn: str, body: str) -> str:
     """Run `body` in a Django process configured on `dsn`; its stdout."""
+    needs_extra("django")
     done = subprocess.run(
         [sys.executable, "-c", DJANGO + textwrap.dedent(body), dsn],
         capture_output=True,

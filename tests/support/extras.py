@@ -16,7 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "django": ("django",),
     "sqlalchemy": ("sqlalchemy",),
     "bench": ("pgmq", "pgqueuer", "asyncpg", "procrastinate"),
-    "dev": ("pytest", "hypothesis", "xdist"),
+    "dev": ("pytest", "hypothesis", "xdist", "asyncpg"),
 }
 
 
