@@ -24,7 +24,7 @@ from psycopg.types.json import JsonbLoader, JsonLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue._calls import Call
-from pgqueue._errors import ConnectionLost, InvalidArgument, translate
+from pgqueue._errors import ConnectionLost, InvalidArgument, PgQueueError, translate
 from pgqueue._log import get_logger
 from pgqueue._retry import (
     NO_RETRY,
@@ -38,6 +38,7 @@ from pgqueue._settings import (
     connect_failed,
     describe_dsn,
     dsn_hosts,
+    find_dsn,
     prepare_threshold_from_env,
     require_dsn,
 )
@@ -293,6 +294,13 @@ def reject_read_only_async(
     return check
 
 
+NO_DSN_GIVEN = (
+    "no database given: pass a DSN to from_dsn(), e.g. 'postgresql://user@localhost:5432/dbname',"
+    " or set PGQUEUE_DSN (or DATABASE_URL)"
+)
+"""What Client.from_dsn() and AsyncClient.from_dsn() say when called with no DSN to find."""
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     """How both clients open their pool: one place, so the two cannot drift."""
@@ -325,6 +333,10 @@ class PoolSpec:
         """
         if isinstance(prepare_threshold, Unset):
             prepare_threshold = prepare_threshold_from_env()
+        if dsn_source is None and find_dsn(dsn) is None:
+            # A program has no --dsn to pass: require_dsn's line is the command's
+            # (the CLI names its flag as dsn_source), this one is the API's.
+            raise PgQueueError(NO_DSN_GIVEN)
         resolved = require_dsn(dsn, dsn_source)
         if min_size < 0 or max_size < max(1, min_size):
             raise InvalidArgument(

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg.conninfo
+
 from pgqueue._errors import PgQueueError
 
 
@@ -98,6 +100,20 @@ def embedded_running(datadir: Path | None = None) -> bool:
     except PermissionError:
         return True  # running as another user (pgserver)
     return True
+
+
+def names_embedded(dsn: str, datadir: Path | None = None) -> bool:
+    """True when dsn connects through the socket of the embedded Postgres of datadir.
+
+    The server listens on no TCP port: its socket is in its data directory,
+    the host of the DSN `start_embedded` returns (and the demo prints).
+    """
+    try:
+        hosts = str(psycopg.conninfo.conninfo_to_dict(dsn).get("host") or "")
+    except psycopg.ProgrammingError:
+        return False
+    home = (datadir or embedded_dir()).resolve()
+    return any(h.startswith("/") and Path(h).resolve() == home for h in hosts.split(","))
 
 
 def stop_embedded(datadir: Path | None = None) -> bool:

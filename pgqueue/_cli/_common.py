@@ -19,9 +19,18 @@ import psycopg
 
 from pgqueue._calls import Call, scalar
 from pgqueue._client import Client
-from pgqueue._errors import BarrierNotFound, PgQueueError, QueueNotFound, sql_literal
+from pgqueue._embedded import embedded_dir, embedded_running, names_embedded
+from pgqueue._errors import (
+    BarrierNotFound,
+    ConnectionLost,
+    PgQueueError,
+    QueueNotFound,
+    WorkflowNotFound,
+    sql_literal,
+)
 from pgqueue._log import configure_logging
 from pgqueue._retry import RetryPolicy
+from pgqueue._settings import DSN_ENV_VARS, find_dsn
 from pgqueue.types import Undecodable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,12 +42,17 @@ DSN_HELP = "Postgres DSN [default: $PGQUEUE_DSN, then $DATABASE_URL]."
 CLI_RETRY = RetryPolicy(attempts=3, deadline_seconds=10.0)
 
 
-# pgqueue's SQL names a queue, a barrier or a header key the way Postgres names
-# a relation, in double quotes; the command's own lines use single ones.
-_DOUBLE_QUOTED = re.compile(r'\b(queue|barrier|header) "(.*?)"(?=[ ;:,)]|$)')
+# pgqueue's SQL names a queue, a barrier, a workflow, a step or a header key the
+# way Postgres names a relation, in double quotes; the command's own lines use
+# single ones.
+_DOUBLE_QUOTED = re.compile(r'\b(queue|barrier|workflow|step|header) "(.*?)"(?=[ ;:,)]|$)')
+# Several queues at once: queues "a", "b" (a queue name holds no quote).
+_QUEUE_LIST = re.compile(r'\bqueues ((?:"[^"]*", )*"[^"]*")(?=[ ;:,)]|$)')
+_NAME = re.compile(r'"([^"]*)"')
 
 
 def _single_quoted(text: str) -> str:
+    text = _QUEUE_LIST.sub(lambda m: "queues " + _NAME.sub(lambda n: sql_literal(n[1]), m[1]), text)
     return _DOUBLE_QUOTED.sub(lambda m: f"{m[1]} {sql_literal(m[2])}", text)
 
 
@@ -87,6 +101,11 @@ def expected_errors() -> Iterator[None]:
         )
     except BarrierNotFound as exc:
         fail(f"{_single_quoted(exc.what)}; `pgqueue barrier list` shows the barriers")
+    except WorkflowNotFound as exc:
+        # The SQL's hint names pgqueue.list_workflows(); an operator has the command.
+        fail(f"{_single_quoted(exc.what)}; `pgqueue workflow list` shows the workflows")
+    except ConnectionLost as exc:
+        fail(_stopped_embedded() or _single_quoted(str(exc)))
     except PgQueueError as exc:
         fail(_single_quoted(str(exc)))
     except psycopg.Error as exc:
@@ -104,6 +123,29 @@ def expected_errors() -> Iterator[None]:
         )
     except KeyboardInterrupt:
         fail("interrupted", 130)
+
+
+def _stopped_embedded() -> str | None:
+    """The line for a command whose DSN names the embedded Postgres while it is down; else None.
+
+    The demo prints an `export PGQUEUE_DSN=...` of the embedded server's
+    socket; after `pgqueue demo --stop` (or a reboot) libpq only says the
+    socket file is missing, which does not say what to do.
+    """
+    ctx = click.get_current_context(silent=True)
+    given = ctx.params.get("dsn") if ctx is not None else None
+    found = find_dsn(given if isinstance(given, str) else None, "--dsn")
+    if found is None or not names_embedded(found.value) or embedded_running():
+        return None
+    unset = [var for var in DSN_ENV_VARS if os.environ.get(var)]
+    start = f"unset {' '.join(unset)} && pgqueue demo" if unset else "pgqueue demo"
+    without = " (without --dsn)" if found.source == "--dsn" else ""
+    return (
+        f"the embedded Postgres that the DSN (from {found.source}) names is not running"
+        f" (stopped by `pgqueue demo --stop` or a restart; its data is in {embedded_dir()}):"
+        f" `{start}`{without} starts it again and runs the demo on it; then paste the"
+        " `export PGQUEUE_DSN=...` line it prints"
+    )
 
 
 def connection_options(func: F) -> F:

@@ -207,12 +207,14 @@ def _bulk(
     past: str,
     act: Callable[[list[int]], int],
     yes: bool,
+    quiet: bool = False,
 ) -> int:
     """Apply act to every matching poison id, a chunk per transaction; how many it changed."""
     total = client.poison_count(queue_name, where)
     if total == 0:
-        in_queue = f"in queue {sql_literal(queue_name)}"
-        click.echo(f"no poison messages {in_queue} match; nothing to {verb}")
+        if not quiet:
+            in_queue = f"in queue {sql_literal(queue_name)}"
+            click.echo(f"no poison messages {in_queue} match; nothing to {verb}")
         return 0
     n = plural(total, "poison message")
     confirm(f"{verb.capitalize()} {n} of queue {sql_literal(queue_name)}?", yes)
@@ -282,9 +284,6 @@ class _Change:
     act: Callable[[Client, str, list[int], Connection | None], int]
 
 
-_REQUEUE = _Change(
-    "requeue", "requeued", lambda c, q, ids, conn: len(c.poison_requeue(q, ids, conn=conn))
-)
 _PURGE = _Change("purge", "purged", lambda c, q, ids, conn: c.poison_purge(q, ids, conn=conn))
 
 
@@ -299,8 +298,12 @@ def _change(
     yes: bool,
     dsn: str | None,
     connect_timeout: float,
+    quiet: bool = False,
 ) -> int:
-    """Apply the change to the selected messages, after confirmation; how many it changed."""
+    """Apply the change to the selected messages, after confirmation; how many it changed.
+
+    `quiet` leaves out the line saying nothing matched (--json prints the document alone).
+    """
     _selection(msg_ids, all_, since, older_than, reason)
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         if msg_ids:
@@ -321,21 +324,44 @@ def _change(
             change.past,
             lambda ids: change.act(client, queue_name, ids, None),
             yes,
+            quiet,
         )
+
+
+# New msg_ids a requeue line names; --json gives them all.
+SHOWN_IDS = 20
 
 
 @poison.command("requeue")
 @_selection_options
-def poison_requeue(**selection: Any) -> None:
-    """Put poison messages back in QUEUE with a fresh read count, under new ids.
+@json_option
+def poison_requeue(as_json: bool, **selection: Any) -> None:
+    """Put poison messages back in QUEUE with a fresh read count, under new ids, and print them.
 
     Either the given MSG_IDs (all of them, or none if one is not there), or
     --all of them, narrowed by --since, --older-than and --reason, a chunk
     per transaction. Messages poisoned again while this runs are left alone.
     """
-    if done := _change(_REQUEUE, **selection):
-        queue_name = selection["queue_name"]
-        click.echo(f"requeued {plural(done, 'message')} to queue {sql_literal(queue_name)}")
+    new_ids: list[int] = []
+
+    def requeue(client: Client, queue: str, ids: list[int], conn: Connection | None) -> int:
+        moved = client.poison_requeue(queue, ids, conn=conn)
+        new_ids.extend(moved)
+        return len(moved)
+
+    done = _change(_Change("requeue", "requeued", requeue), **selection, quiet=as_json)
+    queue_name = selection["queue_name"]
+    if as_json:
+        emit_json({"queue": queue_name, "requeued": done, "msg_ids": new_ids})
+    elif done:
+        shown = ", ".join(map(str, new_ids[:SHOWN_IDS]))
+        rest = len(new_ids) - SHOWN_IDS
+        more = f" and {rest} more (--json lists all)" if rest > 0 else ""
+        ids = "msg_id" if done == 1 else "msg_ids"
+        click.echo(
+            f"requeued {plural(done, 'message')} to queue {sql_literal(queue_name)}"
+            f" as new {ids} {shown}{more}"
+        )
 
 
 @poison.command("purge")

@@ -40,6 +40,7 @@ from pgqueue._cli._main import main
 from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue._client import Client
 from pgqueue._errors import InvalidArgument, InvalidMessage, sql_literal
+from pgqueue._pgmq import NEVER_POISON
 from pgqueue.types import KeyedSend, PeekedMessage, QueueInfo, QueueMetrics
 
 # Rows per transaction for bulk work: short transactions, steady progress.
@@ -114,16 +115,35 @@ def queue_list(as_json: bool, dsn: str | None, connect_timeout: float) -> None:
         now = server_now(client)
         queues = client.list_queues()
     if as_json:
-        emit_json([shape(q, QUEUE_FIELDS) for q in queues])
+        emit_json([{**shape(q, QUEUE_FIELDS), "max_attempts": _attempts(q)} for q in queues])
         return
     echo_table(
         [Column("QUEUE"), Column("MAX_ATTEMPTS", right=True), Column("CREATED"), Column("PAUSED")],
         [
-            (q.queue_name, q.max_attempts, ago(q.created_at, now), _paused_cell(q, now))
+            (q.queue_name, _attempts_cell(q), ago(q.created_at, now), _paused_cell(q, now))
             for q in queues
         ],
         empty="no queues yet; create one with `pgqueue queue create NAME`",
     )
+
+
+# How the table shows a queue that never poison-drops (--json: null).
+UNLIMITED = "unlimited"
+
+
+def _attempts(q: QueueInfo) -> int | None:
+    """The queue's max_attempts; None for a queue that never poison-drops.
+
+    A queue imported from PGMQ (or made by the facade) keeps PGMQ's behaviour
+    with the largest max_attempts a read count can hold: no read reaches it.
+    """
+    return None if q.max_attempts >= NEVER_POISON else q.max_attempts
+
+
+def _attempts_cell(q: QueueInfo) -> int | str:
+    """The MAX_ATTEMPTS cell: the number, or 'unlimited'."""
+    attempts = _attempts(q)
+    return UNLIMITED if attempts is None else attempts
 
 
 def _paused_cell(q: QueueInfo, now: datetime) -> str:

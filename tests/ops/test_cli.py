@@ -153,7 +153,11 @@ def test_operator_session_as_real_processes(dsn: str) -> None:
     refused = pgqueue_cmd("poison", "requeue", "jobs", "--all", "--dsn", dsn, input="")
     assert refused.returncode == 1 and "nothing was changed" in refused.stderr
     requeued = pgqueue_cmd("poison", "requeue", "jobs", "--all", "--yes", "--dsn", dsn)
-    assert requeued.returncode == 0 and requeued.stdout == "requeued 50 messages to queue 'jobs'\n"
+    new_ids = ", ".join(map(str, range(51, 71)))  # the new msg_ids, the first 20 of them
+    assert requeued.returncode == 0 and requeued.stdout == (
+        f"requeued 50 messages to queue 'jobs' as new msg_ids {new_ids} and 30 more"
+        " (--json lists all)\n"
+    )
     with psycopg.connect(dsn) as conn:
         live = conn.execute("SELECT count(*), max(read_ct) FROM pgqueue.message").fetchone()
         poison = conn.execute("SELECT count(*) FROM pgqueue.poison").fetchone()
@@ -200,5 +204,5 @@ def test_bulk_work_shows_a_progress_bar_on_a_terminal(client: Any, dsn: str) -> 
         seen += chunk
     os.close(leader)
     assert result.returncode == 0
-    assert result.stdout == b"requeued 1200 messages to queue 'jobs'\n"
+    assert result.stdout.startswith(b"requeued 1200 messages to queue 'jobs' as new msg_ids ")
     assert b"requeue jobs" in seen and b"100%" in seen  # the bar, on the terminal only

@@ -284,7 +284,7 @@ def test_poison_requeue_all_since_in_chunks(
     age_poison(sql, ids[:4], hours=48)
     assert "nothing was changed" in one_line_error(cli(dsn, "poison", "requeue", "jobs", "--all"))
     out = ok(cli(dsn, "poison", "requeue", "jobs", "--all", "--since", "1d", "--yes"))
-    assert out.strip() == "requeued 6 messages to queue 'jobs'"
+    assert out.startswith("requeued 6 messages to queue 'jobs' as new msg_ids ")
     assert sorted(m.message["n"] for m in client.peek("jobs", qty=20)) == list(range(4, 10))
     assert sorted(p.msg_id for p in client.poison_list("jobs")) == ids[:4]
     none_left = ok(cli(dsn, "poison", "requeue", "jobs", "--all", "--since", "1d", "--yes"))

