@@ -23,6 +23,7 @@ from psycopg import sql
 from pgqueue._errors import MigrationError, NotMigrated, PgQueueError, sql_literal
 from pgqueue._migrate import MIGRATION_LOCK_KEY, available, current_version, sql_dir
 from pgqueue._roles import GROUP_ROLES
+from pgqueue._words import one_or_many
 
 # The PGMQ API version the facade emulates (its signatures, defaults, types).
 FACADE_VERSION = "1.13.0"
@@ -955,7 +956,8 @@ def _notes(moved: Sequence[QueueImport], left: Sequence[str]) -> list[str]:
             )
     if left:
         notes.append(
-            f"PGMQ keeps {len(left)} queue(s) ({', '.join(sql_literal(n) for n in left)}), so it"
+            f"PGMQ keeps {len(left)} {one_or_many(left, 'queue', 'queues')}"
+            f" ({', '.join(sql_literal(n) for n in left)}), so it"
             " stays installed and the facade is not: import them too to finish the move"
         )
     return notes

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from pgqueue._errors import InvalidArgument, PgQueueError, sql_literal
+from pgqueue._words import queue_names
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,8 +72,7 @@ class App:
         missing = [q for q in chosen if q not in self.handlers]
         if missing:
             raise InvalidArgument(
-                f"no handler for queue(s) {', '.join(missing)}; the app handles"
-                f" {', '.join(self.handlers)}"
+                f"no handler for {queue_names(missing)}; the app handles {', '.join(self.handlers)}"
             )
         return chosen
 

@@ -21,6 +21,7 @@ from pgqueue._client import Client
 from pgqueue._connection import connect_refusal
 from pgqueue._errors import ConnectionLost, InvalidArgument, QueueNotFound
 from pgqueue._log import get_logger
+from pgqueue._words import one_or_many, queue_names
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock, SystemClock
@@ -262,10 +263,12 @@ class Worker:
                 self._stopping.wait(min(1.0, left))
         missing = [q for q in s.queues if q not in self.leases.max_attempts]
         if missing:
+            exists = one_or_many(missing, "does not exist", "do not exist")
             raise QueueNotFound(
-                f"queue(s) {', '.join(missing)} do not exist; create them first"
-                " (Client.create_queue or SELECT pgqueue.create_queue(...)), or pass --queue"
-                " for the ones this worker should consume"
+                f"{queue_names(missing)} {exists}; create {one_or_many(missing, 'it', 'them')}"
+                " first (`pgqueue queue create NAME`, Client.create_queue or SELECT"
+                " pgqueue.create_queue(...)), or pass --queue for the ones this worker should"
+                " consume"
             )
         for q in s.queues:
             self.db.read(q, s.vt, 0)

@@ -277,10 +277,6 @@ def resize(msg):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the line is pgqueue/_worker/runner.py's (`queue(s) ... do not exist`), not yet fixed",
-)
 def test_a_worker_for_missing_queues_says_queue_or_queues(dsn: str, tmp_path: Path) -> None:
     (tmp_path / "readme_app.py").write_text(APP)
     env = newcomer_env(PGQUEUE_LOG_LEVEL="ERROR")

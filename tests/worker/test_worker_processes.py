@@ -126,8 +126,8 @@ def test_worker_for_queues_that_do_not_exist_fails_fast(dsn: str) -> None:
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(
-        "pgqueue: error: queue(s) jobs, async_jobs, tx, callbacks, batch_jobs, async_batch,"
-        " tx_batch, tx_effects do not exist"
+        "pgqueue: error: queues 'jobs', 'async_jobs', 'tx', 'callbacks', 'batch_jobs',"
+        " 'async_batch', 'tx_batch', 'tx_effects' do not exist"
     )
 
 
