@@ -10,6 +10,7 @@ What it creates, and where (README, "The embedded Postgres"):
 from __future__ import annotations
 
 import os
+import subprocess
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -128,5 +129,15 @@ def stop_embedded(datadir: Path | None = None) -> bool:
     version = int((path / "PG_VERSION").read_text().strip())
     user = SYSTEM_USER if os.name == "posix" and os.geteuid() == 0 else None
     bin_path = POSTGRES_VERSIONS[version]
-    pgexec("pg_ctl", ("-w", "-D", str(path), "stop"), bin_path=bin_path, user=user)
+    try:
+        pgexec("pg_ctl", ("-w", "-D", str(path), "stop"), bin_path=bin_path, user=user)
+    except subprocess.CalledProcessError as exc:
+        # pg_ctl says 1 when the server went away between the check and the
+        # stop (another `demo --stop`, a shutdown): stopped is what was asked
+        if embedded_running(path):
+            said = (exc.stderr or "").strip().splitlines()
+            raise PgQueueError(
+                f"could not stop the embedded Postgres in {path}:"
+                f" {said[-1] if said else f'pg_ctl exited {exc.returncode}'}"
+            ) from exc
     return True
