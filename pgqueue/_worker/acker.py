@@ -29,9 +29,8 @@ from pgqueue._log import logs_at
 from pgqueue._retry import is_dead_connection
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.counting import Counts
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, message_log
-from pgqueue._worker.leases import DB_ERRORS
 from pgqueue.types import Message
 
 if TYPE_CHECKING:

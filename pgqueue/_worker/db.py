@@ -15,12 +15,20 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from pgqueue._calls import barrier as _barrier
 from pgqueue._calls import queue as _queue
 from pgqueue._calls import workers as _workers
 from pgqueue._client import Client
 from pgqueue._connection import Connection
+from pgqueue._errors import PgQueueError
 from pgqueue.types import Message
+
+# What a database call of the runtime may raise: pgqueue's own errors, and a
+# database error pgqueue does not translate (a deadlock still failing after its
+# retries, say). The runtime logs them and goes on; it must not die of them.
+DB_ERRORS = (PgQueueError, psycopg.Error)
 
 
 class WorkerDb:

@@ -21,9 +21,9 @@ from pgqueue._retry import is_dead_connection
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import Handler
 from pgqueue._worker.clock import Clock
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.inflight import Batch, InFlight, Task, message_log
-from pgqueue._worker.leases import DB_ERRORS, Leases
+from pgqueue._worker.leases import Leases
 from pgqueue.types import Message
 
 if TYPE_CHECKING:

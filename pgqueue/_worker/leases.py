@@ -12,24 +12,17 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from pgqueue._errors import PgQueueError, Retry
+from pgqueue._errors import Retry
 from pgqueue._log import logs_at
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.counting import Counts
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.inflight import InFlight, Task, by_queue, message_log
 from pgqueue._worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from pgqueue._metrics import WorkerMetrics
     from pgqueue._worker.registry import Tally
-
-# What a database call of the runtime may raise: pgqueue's own errors, and a
-# database error pgqueue does not translate (a deadlock still failing after its
-# retries, say). The runtime logs them and goes on; it must not die of them.
-DB_ERRORS = (PgQueueError, psycopg.Error)
 
 
 class Leases:

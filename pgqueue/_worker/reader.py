@@ -27,10 +27,9 @@ from typing import Any
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.dispatch import Dispatcher
 from pgqueue._worker.inflight import Batch, InFlight, Task
-from pgqueue._worker.leases import DB_ERRORS
 from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.settings import WorkerSettings
 

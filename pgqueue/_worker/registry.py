@@ -21,9 +21,8 @@ import uuid
 from typing import Any
 
 from pgqueue._worker.clock import Clock
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.inflight import InFlight
-from pgqueue._worker.leases import DB_ERRORS
 from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.settings import WorkerSettings
 

@@ -25,10 +25,10 @@ from pgqueue._words import one_or_many, queue_names
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import App
 from pgqueue._worker.clock import Clock, SystemClock
-from pgqueue._worker.db import WorkerDb
+from pgqueue._worker.db import DB_ERRORS, WorkerDb
 from pgqueue._worker.dispatch import Dispatcher
 from pgqueue._worker.inflight import InFlight
-from pgqueue._worker.leases import DB_ERRORS, Leases
+from pgqueue._worker.leases import Leases
 from pgqueue._worker.listener import Listener
 from pgqueue._worker.pauses import Pauses
 from pgqueue._worker.reader import Reader
