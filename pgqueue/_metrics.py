@@ -27,6 +27,7 @@ import psycopg
 
 from pgqueue._calls import Call, Row
 from pgqueue._errors import PgQueueError
+from pgqueue._listen import DEFAULT_HOST, CannotListen
 from pgqueue._log import get_logger
 from pgqueue.types import Message
 
@@ -118,9 +119,9 @@ class WorkerMetrics:
         """A read of the worker's client poison-dropped a message of queue."""
         self.count(queue, "poisoned")
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve /metrics on port from a thread of its own, until close()."""
-        self._server, _ = start_http_server(port, addr, registry=self.registry)
+    def serve(self, port: int, host: str = DEFAULT_HOST) -> None:
+        """Serve /metrics on host:port from a thread of its own until close(); else CannotListen."""
+        self._server = serve_registry(self.registry, port, host)
 
     def close(self) -> None:
         """Stop serving /metrics."""
@@ -256,7 +257,10 @@ def exporter_registry(run: Callable[[Call[list[Row]]], list[Row]]) -> CollectorR
     return registry
 
 
-def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve registry's /metrics on port from a thread; the server (shutdown() stops it)."""
-    server, _ = start_http_server(port, addr, registry=registry)
+def serve_registry(registry: CollectorRegistry, port: int, host: str = DEFAULT_HOST) -> Any:
+    """Serve registry's /metrics on host:port from a thread; the server, else CannotListen."""
+    try:
+        server, _ = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise CannotListen(host, port, exc) from exc
     return server

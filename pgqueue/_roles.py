@@ -93,6 +93,7 @@ FUNCTION_ROLES: dict[str, tuple[str, ...]] = {
             "barrier_failures",
             "barrier_outcomes",
             "barrier_pending",
+            "barrier_steps",
             "poison_page",
             "list_claims",
             "purge_claims",

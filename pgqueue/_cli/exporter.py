@@ -11,6 +11,7 @@ import click
 
 from pgqueue._cli._common import connection_options, expected_errors, fail, open_client
 from pgqueue._cli._main import main
+from pgqueue._listen import DEFAULT_HOST, address
 from pgqueue._retry import RetryPolicy
 
 # A scrape must answer within Prometheus's scrape timeout (10 s by default),
@@ -23,15 +24,27 @@ SCRAPE_RETRY = RetryPolicy(attempts=2, deadline_seconds=2.0, max_wait_seconds=0.
 @click.option(
     "--port", type=click.IntRange(1, 65535), required=True, help="Serve /metrics on this port."
 )
-@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    metavar="ADDR",
+    help="Address to listen on; 0.0.0.0 for a scraper on another host or in a container.",
+)
+# --addr was this option's name before --host; kept so that scripts keep working.
+@click.option("--addr", default=None, hidden=True)
 @connection_options
-def exporter(port: int, addr: str, dsn: str | None, connect_timeout: float) -> None:
+def exporter(
+    port: int, host: str, addr: str | None, dsn: str | None, connect_timeout: float
+) -> None:
     """Serve every queue's state as Prometheus gauges on /metrics until SIGTERM or SIGINT.
 
     Each scrape runs one query, pgqueue.exporter_metrics(), however many
-    queues there are; run it with a role in pgqueue_operator. The metrics
-    and alert rules are in docs/observability.md. Needs pgqueue-py[prometheus].
+    queues there are; run it with a role in pgqueue_operator. Binds to
+    127.0.0.1 unless told otherwise. The metrics and alert rules are in
+    docs/observability.md. Needs pgqueue-py[prometheus].
     """
+    host = addr or host
     if importlib.util.find_spec("prometheus_client") is None:
         fail("the exporter needs prometheus_client: pip install 'pgqueue-py[prometheus]'", 2)
     from pgqueue._metrics import exporter_registry, serve_registry
@@ -43,13 +56,10 @@ def exporter(port: int, addr: str, dsn: str | None, connect_timeout: float) -> N
 
     with expected_errors(), open_client(dsn, connect_timeout) as client:
         client.retry = SCRAPE_RETRY
-        try:
-            server = serve_registry(exporter_registry(client.run), port, addr)
-        except OSError as exc:
-            fail(f"cannot listen on {addr}:{port}: {exc.strerror or exc}")
+        server = serve_registry(exporter_registry(client.run), port, host)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        click.echo(f"serving /metrics on {addr}:{port}", err=True)
+        click.echo(f"serving /metrics on {address(host, port)}", err=True)
         while not stop.wait(1.0):
             pass
         server.shutdown()

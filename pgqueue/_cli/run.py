@@ -21,6 +21,7 @@ from pgqueue._cli._common import (
 from pgqueue._cli._main import main
 from pgqueue._client import Client
 from pgqueue._errors import InvalidArgument, InvalidSettings
+from pgqueue._listen import DEFAULT_HOST
 from pgqueue._settings import Dsn, find_dsn
 
 
@@ -71,6 +72,12 @@ def migrate(dsn: str | None, connect_timeout: float) -> None:
     type=int,
     default=None,
     help="Serve Prometheus /metrics on this port [0: off]; needs pgqueue-py[prometheus].",
+)
+@click.option(
+    "--metrics-host",
+    default=None,
+    metavar="ADDR",
+    help=f"Address /metrics listens on [{DEFAULT_HOST}; 0.0.0.0: every interface].",
 )
 @click.option(
     "--registry-interval",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
 
 import click
 
@@ -14,6 +16,7 @@ from pgqueue._cli._common import (
     setup_logging,
 )
 from pgqueue._cli._main import main
+from pgqueue._listen import DEFAULT_HOST, address, bind
 
 # The names a loopback-bound dashboard answers to; any other Host header is
 # refused, so a web page whose name was rebound to 127.0.0.1 cannot read it.
@@ -21,7 +24,13 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    metavar="ADDR",
+    help="Address to listen on; any other than loopback needs a login.",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--read-only", is_flag=True, help="Show everything, offer no action.")
 @click.option(
@@ -73,10 +82,22 @@ def web(
             )
         hosts = [host, *LOOPBACK_NAMES] if is_loopback(host) else None
         app = create_app(dsn, read_only=read_only, allow_owner=owner_ok, allowed_hosts=hosts)
-    where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
-    click.echo(f"pgqueue web on {where}{' (read-only)' if read_only else ''}", err=True)
+        # Bound before the URL is printed: a port that is taken is one line and
+        # exit 1, not a URL that answers nothing and then uvicorn's traceback.
+        sock = bind(host, port)
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
+    click.echo(
+        f"pgqueue web on http://{address(host, port)}/{' (read-only)' if read_only else ''}",
+        err=True,
+    )
     # proxy_headers off: X-Forwarded-For from a local process must not name the
     # address the action log records
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", server_header=False, proxy_headers=False
     )
+    server = uvicorn.Server(config)
+    # uvicorn raises the Ctrl-C again once it has shut down
+    with sock, contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(3)  # uvicorn logged why (as uvicorn.run exits)

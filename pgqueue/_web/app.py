@@ -703,6 +703,7 @@ async def barrier_list(request: Request) -> Response:
     barriers = [BarrierStatus(*r) for r in rows]
     more = len(barriers) > PAGE
     barriers = barriers[:PAGE]
+    steps = await client.run(queries.barrier_steps([b.barrier_id for b in barriers]))
     bars = {
         b.barrier_id: draw.outcome_bar(
             {
@@ -719,6 +720,7 @@ async def barrier_list(request: Request) -> Response:
         request,
         "barriers.html",
         barriers=barriers,
+        steps=steps,
         bars=bars,
         state=state or "",
         next_cursor=params.encode_cursor(last.created_at, last.barrier_id) if last else None,
@@ -734,12 +736,14 @@ async def barrier_page(request: Request) -> Response:
         outcomes = await client.run(queries.barrier_outcomes(bid))
         failures = await client.run(queries.failures_shown(bid, PAGE))
         pending = await client.run(queries.barrier_pending(bid, PAGE))
+        step = (await client.run(queries.barrier_steps([bid]))).get(bid)
     except NOT_FOUND as exc:
         raise HTTPException(404, str(exc)) from exc
     return await render(
         request,
         "barrier.html",
         b=status,
+        step=step,
         outcomes=outcomes,
         segments=draw.outcome_bar(outcomes),
         failures=failures,

@@ -150,6 +150,24 @@ def barrier_page(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StepOf:
+    """The workflow step a barrier is: its members are the step's messages."""
+
+    workflow_id: str
+    step: str
+
+
+def barrier_steps(barrier_ids: list[str]) -> Call[dict[str, StepOf]]:
+    """Which of these barriers are workflow steps, by barrier id; the others are left out."""
+    return Call(
+        "barrier_steps",
+        "SELECT barrier_id, workflow_id, step FROM pgqueue.barrier_steps(%s::text[])",
+        (barrier_ids,),
+        lambda rows: {r[0]: StepOf(r[1], r[2]) for r in rows},
+    )
+
+
 NOW: Call[datetime] = Call("now", "SELECT clock_timestamp()", (), lambda rows: rows[0][0])
 
 

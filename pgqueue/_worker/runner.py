@@ -143,7 +143,11 @@ class Worker:
         if self.metrics is not None:
             # Served from the start: a worker waiting for its database is
             # scraped as up 0, not missing.
-            self.metrics.serve(s.metrics_port)
+            try:
+                self.metrics.serve(s.metrics_port, s.metrics_host)
+            except BaseException:
+                self._close_metrics()
+                raise
         self._hear(True)  # from the first read on: which queues are paused
         try:
             self._check_queues()

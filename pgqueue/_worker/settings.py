@@ -10,6 +10,7 @@ from typing import Any
 
 from pgqueue._calls import seconds
 from pgqueue._errors import InvalidArgument, InvalidSettings, SettingProblem
+from pgqueue._listen import DEFAULT_HOST
 
 
 def _env_bool(value: str) -> bool:
@@ -48,6 +49,7 @@ class WorkerSettings:
     startup_timeout: float = 60.0
     metrics_port: int = 0
     trace_links: int = 127
+    metrics_host: str = DEFAULT_HOST  # last, so positional arguments keep their places
 
     def __post_init__(self) -> None:
         # durations by the one rule of the API: vt in whole seconds (an int, a
@@ -98,6 +100,10 @@ class WorkerSettings:
             problems["registry_interval"] = "must be between 0 (off) and 10 seconds"
         if not 0 <= self.metrics_port <= 65535:
             problems["metrics_port"] = "must be a TCP port, 1-65535 (0: metrics off)"
+        if not self.metrics_host.strip():
+            problems["metrics_host"] = (
+                f"must be an address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
+            )
         if self.trace_links < 0:
             problems["trace_links"] = "must be >= 0 (0: a callback's run links no member runs)"
         if self.backoff_base <= 0:

@@ -100,6 +100,7 @@ INSERT INTO pgqueue.role_grant (object, roles) VALUES
     ('pgqueue.list_barriers(text,integer,timestamp with time zone,text)', '{pgqueue_operator}'),
     ('pgqueue.barrier_outcomes(text)', '{pgqueue_operator}'),
     ('pgqueue.barrier_pending(text,integer,integer)', '{pgqueue_operator}'),
+    ('pgqueue.barrier_steps(text[])', '{pgqueue_operator}'),
     ('pgqueue.poison_page(text,integer,timestamp with time zone,timestamp with time zone,text,timestamp with time zone,integer,bigint,integer,integer)', '{pgqueue_operator}'),
     ('pgqueue.list_claims(integer)', '{pgqueue_operator}'),
     ('pgqueue.peek(text,integer,bigint)', '{pgqueue_operator}'),

@@ -251,10 +251,14 @@ $$;
 -- One row per queue per minute of the last `minutes` (this one included, its
 -- counts so far), by queue name, oldest minute first; only the named queues
 -- (names that are no queue are left out), or every queue for NULL. sent is
--- the next minute's sample minus this minute's (for this minute: the
--- sequence now), NULL where a sample is missing; acked, nacked and poisoned
--- are what workers' heartbeats reported in that minute, 0 without a report.
--- Reads one range of the primary key per queue.
+-- the next known sample minus this minute's (after the last sample: the
+-- sequence now), so a minute no one sampled adds its sends to the sampled
+-- minute before it, and the sends of the window add up to the sequence now
+-- minus its first known sample; a queue's sequence is 0 at the start of the
+-- minute it was created in, its first sample whenever it was taken. sent is
+-- NULL for a minute without a sample. acked, nacked and poisoned are what
+-- workers' heartbeats reported in that minute, 0 without a report. Reads one
+-- range of the primary key per queue.
 CREATE FUNCTION pgqueue.queue_rates(queue_names text[], minutes integer DEFAULT 60)
 RETURNS TABLE (
     queue_name text,
@@ -281,22 +285,32 @@ BEGIN
     END IF;
     v_from := v_now - make_interval(mins => queue_rates.minutes - 1);
     -- Per queue, one range scan of its primary key over the window (the series
-    -- gives the minutes without a row; lead() the next minute's sample).
+    -- gives the minutes without a row). A minute's start is its sample, or 0
+    -- up to the queue's creation: a queue created after this minute's sample
+    -- (or sampled after its first sends) would otherwise count no sends for
+    -- the minutes its workers acked them in. Samples never decrease (a
+    -- sequence only goes up), so the next known one is the least of the later
+    -- minutes' starts.
     RETURN QUERY
     SELECT q.queue_name, s.minute,
-           CASE WHEN s.minute = v_now THEN coalesce(pg_sequence_last_value(q.msg_seq), 0)
-                ELSE s.next_total END - s.sent_total,
+           coalesce(s.next_start, pg_sequence_last_value(q.msg_seq), 0) - s.start,
            s.acked, s.nacked, s.poisoned
       FROM pgqueue.queue q
      CROSS JOIN LATERAL (
-           SELECT g.minute, m.sent_total, lead(m.sent_total) OVER (ORDER BY g.minute) AS next_total,
-                  coalesce(m.acked, 0::bigint) AS acked, coalesce(m.nacked, 0::bigint) AS nacked,
-                  coalesce(m.poisoned, 0::bigint) AS poisoned
-             FROM generate_series(v_from, v_now, interval '1 minute') AS g (minute)
-             LEFT JOIN (SELECT x.minute, x.sent_total, x.acked, x.nacked, x.poisoned
-                          FROM pgqueue.queue_minute x
-                         WHERE x.queue_id = q.queue_id AND x.minute BETWEEN v_from AND v_now) m
-                    ON m.minute = g.minute) s
+           SELECT r.minute, r.start,
+                  min(r.start) OVER (ORDER BY r.minute DESC
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS next_start,
+                  r.acked, r.nacked, r.poisoned
+             FROM (SELECT g.minute,
+                          CASE WHEN g.minute <= date_trunc('minute', q.created_at) THEN 0::bigint
+                               ELSE m.sent_total END AS start,
+                          coalesce(m.acked, 0::bigint) AS acked, coalesce(m.nacked, 0::bigint) AS nacked,
+                          coalesce(m.poisoned, 0::bigint) AS poisoned
+                     FROM generate_series(v_from, v_now, interval '1 minute') AS g (minute)
+                     LEFT JOIN (SELECT x.minute, x.sent_total, x.acked, x.nacked, x.poisoned
+                                  FROM pgqueue.queue_minute x
+                                 WHERE x.queue_id = q.queue_id AND x.minute BETWEEN v_from AND v_now) m
+                            ON m.minute = g.minute) r) s
      WHERE queue_rates.queue_names IS NULL
         OR q.queue_name IN (SELECT pgqueue._queue_name_for(x) FROM unnest(queue_rates.queue_names) x)
      ORDER BY q.queue_name, s.minute;

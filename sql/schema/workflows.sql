@@ -613,6 +613,20 @@ BEGIN
 END
 $$;
 
+-- The workflow step each of these barriers is (a step sends its messages as
+-- the members of a barrier with a generated id), for the ones that are a
+-- step; the others are left out. One probe of the steps' barrier index each.
+CREATE FUNCTION pgqueue.barrier_steps(barrier_ids text[])
+RETURNS TABLE (barrier_id text, workflow_id text, step text)
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT s.barrier_id, s.workflow_id, s.step
+      FROM pgqueue.workflow_step s
+     WHERE s.barrier_id = ANY (barrier_steps.barrier_ids)
+     ORDER BY s.barrier_id;
+$$;
+
 -- The results of one step's members, by member index: how a step reads what
 -- its dependencies returned, by reference (never copied into payloads).
 CREATE FUNCTION pgqueue.step_results(workflow_id text, step text) RETURNS SETOF pgqueue.member_result

@@ -233,6 +233,8 @@ def test_queue_rates_are_differences_of_samples_and_the_reported_tallies(
 ) -> None:
     for q in ("a", "b", "c"):
         client.create_queue(q)
+    # created before the window: the samples say where a's sequence stood
+    sql.execute("UPDATE pgqueue.queue SET created_at = created_at - interval '1 hour'")
     now = early_in_a_minute(sql)
     client.send_batch("a", list(range(25)))  # a's sequence: 25
     # a: samples 4 and 3 minutes ago and now; none 2 minutes ago; tallies 3 minutes ago
@@ -258,8 +260,9 @@ def test_queue_rates_are_differences_of_samples_and_the_reported_tallies(
         ("c", 0),
     ]
     a = [(r.sent, r.acked, r.nacked, r.poisoned) for r in rates[:5]]
-    # 4 min ago: 14 - 10; 3 min ago: the next sample is missing; this minute: 25 sent now - 20
-    assert a == [(4, 0, 0, 0), (None, 5, 1, 2), (None, 0, 0, 0), (None, 0, 0, 0), (5, 0, 0, 0)]
+    # 4 min ago: 14 - 10; 3 min ago: up to the next known sample, this minute's
+    # 20 (none 2 and 1 min ago); this minute: 25 sent now - 20
+    assert a == [(4, 0, 0, 0), (6, 5, 1, 2), (None, 0, 0, 0), (None, 0, 0, 0), (5, 0, 0, 0)]
     assert all(r.sent is None and r.acked == 0 for r in rates[5:])  # c: never sampled
     everything = client.queue_rates(minutes=1)
     assert [(r.queue_name, r.minute) for r in everything] == [("a", now), ("b", now), ("c", now)]
@@ -280,6 +283,8 @@ def test_queue_rates_reads_a_range_of_the_primary_key_per_queue_on_a_table_never
         except psycopg.Error:
             pytest.skip("needs auto_explain and a superuser to load it")
         conn.execute("SELECT pgqueue.create_queue('q' || g) FROM generate_series(1, 100) g")
+        # created before the samples below
+        conn.execute("UPDATE pgqueue.queue SET created_at = now() - interval '3 hours'")
         conn.execute(
             "INSERT INTO pgqueue.queue_minute (queue_id, minute, sent_total)"
             " SELECT q.queue_id, date_trunc('minute', clock_timestamp())"
