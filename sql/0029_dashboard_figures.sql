@@ -15,6 +15,10 @@
 --   steps, and of which workflow: a step's members are a barrier with a
 --   generated id, which the barriers page listed as a bare UUID. For
 --   pgqueue_operator, as list_barriers.
+-- * list_workers leaves out rows unseen for 10 minutes. Only a heartbeat
+--   pruned them: when the last worker was killed (SIGKILL, a closed
+--   terminal), no heartbeat came and `pgqueue workers list` showed it as
+--   lost forever.
 --
 -- Every statement can run again over its own result.
 
@@ -106,3 +110,29 @@ INSERT INTO pgqueue.role_grant (object, roles) VALUES
 ON CONFLICT (object) DO UPDATE SET roles = EXCLUDED.roles;
 
 SELECT pgqueue.grant_roles();
+
+-- Every registered worker seen in the last 10 minutes, newest started first;
+-- alive when its last heartbeat is at most 15 s old (three missed heartbeats
+-- at the default 5 s). An older row is one the next heartbeat prunes.
+CREATE OR REPLACE FUNCTION pgqueue.list_workers()
+RETURNS TABLE (
+    worker_id uuid,
+    host text,
+    pid integer,
+    queues text[],
+    concurrency integer,
+    in_flight integer,
+    started_at timestamptz,
+    last_seen_at timestamptz,
+    stopping boolean,
+    alive boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+    SELECT w.worker_id, w.host, w.pid, w.queues, w.concurrency, w.in_flight, w.started_at,
+           w.last_seen_at, w.stopping, w.last_seen_at >= clock_timestamp() - interval '15 seconds'
+      FROM pgqueue.worker w
+     WHERE w.last_seen_at >= clock_timestamp() - interval '10 minutes'
+     ORDER BY w.started_at DESC, w.worker_id;
+$$;

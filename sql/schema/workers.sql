@@ -4,7 +4,9 @@
 -- (worker_heartbeat) and deletes it when it stops (worker_deregister), so
 -- list_workers shows who consumes what, and a worker that stopped heartbeating
 -- (SIGKILL, a frozen host) shows as not alive 15 s later. Rows unseen for 10
--- minutes are pruned by the next heartbeat. The table is UNLOGGED, like
+-- minutes are pruned by the next heartbeat, and list_workers leaves them out
+-- meanwhile: with no worker left to heartbeat, a killed one is not listed
+-- as lost forever. The table is UNLOGGED, like
 -- pgqueue.waiter: a crash empties it and live workers are back within a
 -- heartbeat; a replica has it empty. All times are the database's clock.
 --
@@ -224,8 +226,9 @@ BEGIN
 END
 $$;
 
--- Every registered worker, newest started first; alive when its last
--- heartbeat is at most 15 s old (three missed heartbeats at the default 5 s).
+-- Every registered worker seen in the last 10 minutes, newest started first;
+-- alive when its last heartbeat is at most 15 s old (three missed heartbeats
+-- at the default 5 s). An older row is one the next heartbeat prunes.
 CREATE FUNCTION pgqueue.list_workers()
 RETURNS TABLE (
     worker_id uuid,
@@ -245,6 +248,7 @@ AS $$
     SELECT w.worker_id, w.host, w.pid, w.queues, w.concurrency, w.in_flight, w.started_at,
            w.last_seen_at, w.stopping, w.last_seen_at >= clock_timestamp() - interval '15 seconds'
       FROM pgqueue.worker w
+     WHERE w.last_seen_at >= clock_timestamp() - interval '10 minutes'
      ORDER BY w.started_at DESC, w.worker_id;
 $$;
 

@@ -175,6 +175,24 @@ def test_a_heartbeat_prunes_rows_unseen_for_10_minutes(sql: Any, queue: str) -> 
     assert stale not in left and quiet in left and len(left) == 2
 
 
+def test_with_no_heartbeat_left_a_row_unseen_for_10_minutes_is_not_listed(
+    sql: Any, queue: str, client: Client
+) -> None:
+    """The last worker killed: no heartbeat prunes its row, and it was listed as lost forever."""
+    killed, lost = uuid.uuid4(), uuid.uuid4()
+    heartbeat(sql, worker_id=killed)
+    heartbeat(sql, worker_id=lost)
+    sql.execute(
+        "UPDATE pgqueue.worker SET last_seen_at = clock_timestamp() - CASE worker_id"
+        " WHEN %s THEN interval '11 minutes' ELSE interval '9 minutes' END",
+        (killed,),
+    )
+    [listed] = client.list_workers()
+    assert listed.worker_id == lost and not listed.alive
+    # the row waits for the next heartbeat to prune it; only the listing moved
+    assert sql.execute("SELECT count(*) FROM pgqueue.worker").fetchone() == (2,)
+
+
 def test_tallies_add_up_in_this_minutes_row_of_each_queue(sql: Any, client: Client) -> None:
     for q in ("a", "b"):
         client.create_queue(q)
