@@ -5,7 +5,7 @@ API hands out; every other module is private (its name starts with `_`).
 """
 
 from pgqueue._async_client import AsyncClient
-from pgqueue._calls.queue import channel
+from pgqueue._calls.read import channel
 from pgqueue._client import Client
 from pgqueue._errors import (
     BarrierConflict,

@@ -22,15 +22,11 @@ from pgqueue._api.single_flight import AsyncSingleFlightApi
 from pgqueue._api.workers import AsyncWorkersApi
 from pgqueue._api.workflow import AsyncWorkflowApi
 from pgqueue._calls import Call
-from pgqueue._connection import (
-    AsyncConnection,
-    Observers,
-    PoolSpec,
-    drop_broken_async,
-    last_word,
-    raise_translated,
-    run_on_async_pool,
-)
+from pgqueue._connection import raise_translated, run_on_async_pool
+from pgqueue._execute import AsyncConnection
+from pgqueue._notices import Observers
+from pgqueue._pool import PoolSpec
+from pgqueue._primary import drop_broken_async, last_word
 from pgqueue._retry import RetryPolicy
 from pgqueue._settings import UNSET, Unset
 

@@ -21,15 +21,11 @@ from pgqueue._api.single_flight import SingleFlightApi
 from pgqueue._api.workers import WorkersApi
 from pgqueue._api.workflow import WorkflowApi
 from pgqueue._calls import Call
-from pgqueue._connection import (
-    Connection,
-    Observers,
-    PoolSpec,
-    drop_broken,
-    last_word,
-    raise_translated,
-    run_on_pool,
-)
+from pgqueue._connection import raise_translated, run_on_pool
+from pgqueue._execute import Connection
+from pgqueue._notices import Observers
+from pgqueue._pool import PoolSpec
+from pgqueue._primary import drop_broken, last_word
 from pgqueue._retry import RetryPolicy
 from pgqueue._settings import UNSET, Unset
 

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from pgqueue._calls.guard import guard_call
-from pgqueue._connection import execute
+from pgqueue._execute import execute
 
 
 def guard(conn: psycopg.Connection[Any], key: str) -> bool:

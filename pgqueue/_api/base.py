@@ -10,7 +10,7 @@ import psycopg
 
 from pgqueue._adapt import AsyncConnArg, ConnArg
 from pgqueue._calls import Call
-from pgqueue._connection import AsyncConnection, Connection
+from pgqueue._execute import AsyncConnection, Connection
 from pgqueue._tracing import Trace, Tracing
 
 T = TypeVar("T")

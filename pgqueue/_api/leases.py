@@ -11,9 +11,9 @@ from pgqueue._api.base import AsyncRunner, SyncRunner
 from pgqueue._calls import Call
 from pgqueue._calls import poison as _poison
 from pgqueue._calls import queue as _queue
-from pgqueue._calls.queue import Leased, undecodable_part
-from pgqueue._connection import execute, execute_async
+from pgqueue._calls.read import Leased, undecodable_part
 from pgqueue._errors import PgQueueError
+from pgqueue._execute import execute, execute_async
 from pgqueue._log import get_logger
 from pgqueue._retry import is_dead_connection
 from pgqueue.types import Duration, Message

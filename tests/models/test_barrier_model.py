@@ -22,7 +22,7 @@ from support.db import stateful_settings
 from pgqueue._calls import barrier as b
 from pgqueue._calls import poison as p
 from pgqueue._calls import queue as q
-from pgqueue._connection import execute
+from pgqueue._execute import execute
 
 MAX_ATTEMPTS = 2
 

@@ -30,7 +30,7 @@ from support.db import stateful_settings
 
 from pgqueue._calls import poison as p
 from pgqueue._calls import queue as q
-from pgqueue._connection import execute
+from pgqueue._execute import execute
 
 QUEUE = "model"
 MAX_ATTEMPTS = 3

@@ -28,7 +28,7 @@ from pgqueue._calls import barrier as b
 from pgqueue._calls import poison as p
 from pgqueue._calls import queue as q
 from pgqueue._calls import workflow as wf
-from pgqueue._connection import execute
+from pgqueue._execute import execute
 
 QUEUE, DONE = "wf", "wf_done"
 

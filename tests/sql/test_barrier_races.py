@@ -10,13 +10,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.db import run_threads, terminate_client_backends
+from support.db import run_threads, terminate_client_backends, wait_until
 
 from pgqueue import Client
 from pgqueue._calls import barrier as b
 from pgqueue._calls import queue as q
 from pgqueue._calls import single_flight as cl
-from pgqueue._connection import execute
+from pgqueue._execute import execute
 
 MEMBERS = 200
 CONNECTIONS = 16
@@ -178,15 +178,13 @@ def test_killed_completion_leaves_old_state_and_retry_converges(
 
     t = threading.Thread(target=complete)
     t.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        waiting = sql.execute(
+    # killed while it waits on the lock, however long a loaded machine takes to get there
+    wait_until(
+        lambda: sql.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'victim'"
             " AND wait_event_type = 'Lock'"
-        ).fetchone()[0]
-        if waiting:
-            break
-        time.sleep(0.02)
+        ).fetchone()[0]  # type: ignore[index]
+    )
     assert terminate_client_backends(dsn, "victim") == 1
     t.join()
     blocker.rollback()
@@ -284,7 +282,17 @@ def test_drop_queue_racing_fan_out_never_strands_a_barrier(client: Client, dsn: 
 
     t = threading.Thread(target=fan)
     t.start()
-    time.sleep(0.3)
+
+    def fan_waits() -> bool:
+        # on the drop's lock: seen, not guessed. Asked in the drop's transaction, of
+        # pg_locks (read live; pg_stat_activity would be this transaction's snapshot)
+        row = dropper.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        ).fetchone()
+        return bool(row and row[0])
+
+    wait_until(fan_waits)
     dropper.commit()
     dropper.close()
     t.join()
