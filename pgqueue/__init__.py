@@ -18,16 +18,15 @@ from pgqueue._errors import (
     NotMigrated,
     PermissionDenied,
     PgQueueError,
-    Poison,
     QueueInUse,
     QueueNotFound,
-    Retry,
     StorageError,
     TransactionAborted,
     WorkflowConflict,
     WorkflowNotFound,
 )
 from pgqueue._guard import guard
+from pgqueue._outcomes import Poison, Retry
 from pgqueue._retry import RetryPolicy, is_dead_connection
 from pgqueue._single_flight import AsyncClaim, Claim
 from pgqueue._worker import App, Worker, WorkerSettings

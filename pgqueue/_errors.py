@@ -16,7 +16,6 @@ from typing import ClassVar
 import psycopg
 
 from pgqueue._roles import FUNCTION_ROLES, GROUP_ROLES
-from pgqueue.types import Duration
 
 # The SQLSTATEs pgqueue's SQL raises, with what each means. The PGQ class is
 # pgqueue's own; the others are Postgres' standard codes, used for what they say.
@@ -269,21 +268,6 @@ class PermissionDenied(PgQueueError):
     ) -> PgQueueError | None:
         """The role that lacks the right, and the GRANT that gives it."""
         return permission_denied(primary, role)
-
-
-class Poison(Exception):
-    """Raised by a handler: never retry this message; poison it with this reason."""
-
-
-class Retry(Exception):
-    """Raised by a handler: try this message again after `delay` seconds (default: backoff)."""
-
-    def __init__(self, reason: str = "", *, delay: Duration | None = None) -> None:
-        """Ask for a retry, optionally after a fixed delay in whole seconds (or a timedelta)."""
-        from pgqueue._calls import seconds_or_none  # the one rule for durations
-
-        super().__init__(reason)
-        self.delay = seconds_or_none("delay", delay)
 
 
 _DENIED = re.compile(r"permission denied for (\w+) (\S+)")

@@ -14,7 +14,8 @@ from typing import Any
 
 from pgqueue._calls import encode_json
 from pgqueue._client import Client
-from pgqueue._errors import PgQueueError, Poison, Retry
+from pgqueue._errors import PgQueueError
+from pgqueue._outcomes import Poison, Retry
 from pgqueue._worker.acker import is_member
 from pgqueue._worker.app import App, Handler
 from pgqueue._worker.db import WorkerDb

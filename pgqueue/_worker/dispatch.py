@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from pgqueue._errors import ConnectionLost, InvalidArgument, Poison, Retry
+from pgqueue._errors import ConnectionLost, InvalidArgument
+from pgqueue._outcomes import Poison, Retry
 from pgqueue._retry import is_dead_connection
 from pgqueue._worker.acker import Acker
 from pgqueue._worker.app import Handler

@@ -12,8 +12,8 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-from pgqueue._errors import Retry
 from pgqueue._log import logs_at
+from pgqueue._outcomes import Retry
 from pgqueue._worker.clock import Clock
 from pgqueue._worker.counting import Counts
 from pgqueue._worker.db import DB_ERRORS, WorkerDb
