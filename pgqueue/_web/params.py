@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
 MAX_MSG_ID = 2**63 - 1  # bigint
 MAX_QUEUE_ID = 2**31 - 1  # integer
@@ -35,6 +37,14 @@ def nul_problem(items: Iterable[tuple[str, Any]]) -> str | None:
             shown = name.replace("\x00", "\\0")
             return f"the parameter {shown!r} holds a NUL character, which no name or text may hold"
     return None
+
+
+def queue_name(request: Request, source: dict[str, Any] | FormData | None = None) -> str:
+    """The queue named by `name` in source (else the query): a non-empty text, or a 400."""
+    name = (source if source is not None else request.query_params).get("name")
+    if not isinstance(name, str) or not name:
+        raise HTTPException(400, "name a queue: ?name=...")
+    return name
 
 
 def message_id(text: str | None, name: str) -> int:

@@ -209,7 +209,7 @@ def test_read_only_offers_no_action_and_refuses_posts(dsn: str, seeded: Any) -> 
 
 
 def test_read_only_sessions_cannot_write_even_by_a_missed_path(dsn: str, seeded: Any) -> None:
-    from pgqueue._web.app import web_dsn
+    from pgqueue._web.state import web_dsn
 
     with (
         psycopg.connect(web_dsn(dsn, read_only=True)) as conn,
