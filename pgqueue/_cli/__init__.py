@@ -3,6 +3,7 @@
 from pgqueue._cli import (  # noqa: F401  (they register)
     barriers,
     exporter,
+    messages,
     pgmq,
     poison,
     queues,

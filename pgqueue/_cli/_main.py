@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pgqueue._cli._common import PgQueueGroup, setup_logging
+from pgqueue._cli._exits import PgQueueGroup
+from pgqueue._cli._logging import setup_logging
 
 
 @click.group(cls=PgQueueGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,25 +6,12 @@ from datetime import timedelta
 
 import click
 
-from pgqueue._cli._common import (
-    Column,
-    ago,
-    confirm,
-    connection_options,
-    duration_option,
-    echo_table,
-    emit_json,
-    exact_duration,
-    expected_errors,
-    json_option,
-    open_client,
-    plural,
-    server_now,
-    shape,
-    when,
-    yes_option,
-)
+from pgqueue._cli._connect import connection_options, open_client, server_now
+from pgqueue._cli._exits import confirm, expected_errors, yes_option
+from pgqueue._cli._json_output import emit_json, json_option, shape
 from pgqueue._cli._main import main
+from pgqueue._cli._table import Column, echo_table
+from pgqueue._cli._text import ago, duration_option, exact_duration, plural, when
 from pgqueue._cli.poison import REASON_LIMIT
 from pgqueue.types import BarrierStatus
 

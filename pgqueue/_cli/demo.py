@@ -99,7 +99,8 @@ def run_demo(
     Its closing lines are commands that run as printed: `export_dsn` is the
     DSN they need exported (None when the environment already names it).
     """
-    from pgqueue._cli._common import render_table, server_now
+    from pgqueue._cli._connect import server_now
+    from pgqueue._cli._table import render_table
     from pgqueue._cli.poison import POISON_COLUMNS, poison_rows
 
     started = time.monotonic()

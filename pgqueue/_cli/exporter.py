@@ -9,7 +9,8 @@ from types import FrameType
 
 import click
 
-from pgqueue._cli._common import connection_options, expected_errors, fail, open_client
+from pgqueue._cli._connect import connection_options, open_client
+from pgqueue._cli._exits import expected_errors, fail
 from pgqueue._cli._main import main
 from pgqueue._listen import DEFAULT_HOST, address
 from pgqueue._retry import RetryPolicy

@@ -8,20 +8,12 @@ from datetime import timedelta
 import click
 
 from pgqueue import _pgmq
-from pgqueue._cli._common import (
-    Column,
-    confirm,
-    connection_options,
-    duration_option,
-    echo_table,
-    emit_json,
-    expected_errors,
-    json_option,
-    open_client,
-    plural,
-    yes_option,
-)
+from pgqueue._cli._connect import connection_options, open_client
+from pgqueue._cli._exits import confirm, expected_errors, yes_option
+from pgqueue._cli._json_output import emit_json, json_option
 from pgqueue._cli._main import main
+from pgqueue._cli._table import Column, echo_table
+from pgqueue._cli._text import duration_option, plural
 from pgqueue._errors import sql_literal
 
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=60)

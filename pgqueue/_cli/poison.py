@@ -9,31 +9,22 @@ from typing import Any
 
 import click
 
-from pgqueue._cli._common import (
-    Column,
-    Progress,
+from pgqueue._cli._bulk import Progress
+from pgqueue._cli._connect import connection_options, open_client, server_now
+from pgqueue._cli._exits import confirm, expected_errors, fail, yes_option
+from pgqueue._cli._json_output import (
     RawQuery,
-    ago,
     compact_json,
-    confirm,
-    connection_options,
-    duration_option,
-    echo_table,
     emit_json,
-    expected_errors,
-    fail,
     json_option,
-    open_client,
-    plural,
-    server_now,
     shape,
     undecodable_line,
     undecodable_notes,
-    when,
     with_raw_queries,
-    yes_option,
 )
 from pgqueue._cli._main import main
+from pgqueue._cli._table import Column, echo_table
+from pgqueue._cli._text import ago, duration_option, plural, when
 from pgqueue._client import Client
 from pgqueue._connection import Connection
 from pgqueue._errors import sql_literal

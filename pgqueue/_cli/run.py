@@ -11,13 +11,9 @@ from typing import Any
 
 import click
 
-from pgqueue._cli._common import (
-    connection_options,
-    expected_errors,
-    fail,
-    open_client,
-    setup_logging,
-)
+from pgqueue._cli._connect import connection_options, open_client
+from pgqueue._cli._exits import expected_errors, fail
+from pgqueue._cli._logging import setup_logging
 from pgqueue._cli._main import main
 from pgqueue._client import Client
 from pgqueue._errors import InvalidArgument, InvalidSettings

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pgqueue._cli._common import (
-    Column,
-    ago,
-    connection_options,
-    echo_table,
-    emit_json,
-    expected_errors,
-    json_option,
-    open_client,
-    server_now,
-    shape,
-)
+from pgqueue._cli._connect import connection_options, open_client, server_now
+from pgqueue._cli._exits import expected_errors
+from pgqueue._cli._json_output import emit_json, json_option, shape
 from pgqueue._cli._main import main
+from pgqueue._cli._table import Column, echo_table
+from pgqueue._cli._text import ago
 from pgqueue.types import WorkerInfo
 
 WORKER_FIELDS = {

@@ -5,22 +5,12 @@ from __future__ import annotations
 import click
 
 from pgqueue._calls.workflow import STATES
-from pgqueue._cli._common import (
-    Column,
-    ago,
-    confirm,
-    connection_options,
-    echo_table,
-    emit_json,
-    expected_errors,
-    json_option,
-    open_client,
-    server_now,
-    shape,
-    when,
-    yes_option,
-)
+from pgqueue._cli._connect import connection_options, open_client, server_now
+from pgqueue._cli._exits import confirm, expected_errors, yes_option
+from pgqueue._cli._json_output import emit_json, json_option, shape
 from pgqueue._cli._main import main
+from pgqueue._cli._table import Column, echo_table
+from pgqueue._cli._text import ago, when
 from pgqueue.types import StepStatus, WorkflowStatus
 
 WORKFLOW_FIELDS = {

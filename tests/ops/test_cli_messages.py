@@ -251,7 +251,7 @@ def test_queues_imported_from_pgmq_list_as_unlimited(real_pgmq_dsn: str) -> None
 
 def test_the_commands_quote_one_queue_and_a_list_of_queues_alike() -> None:
     """Names the API and the SQL put in double quotes, a command's line puts in single ones."""
-    from pgqueue._cli._common import _single_quoted
+    from pgqueue._cli._exits import _single_quoted
 
     assert _single_quoted('queue "notify" does not exist') == "queue 'notify' does not exist"
     assert (

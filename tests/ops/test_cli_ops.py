@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pgqueue import Client, Step
+from pgqueue._cli import _bulk as queues_cli
 from pgqueue._cli import main
 from pgqueue._cli import poison as poison_cli
-from pgqueue._cli import queues as queues_cli
-from pgqueue._cli._common import parse_duration
+from pgqueue._cli._text import parse_duration
 
 
 def cli(

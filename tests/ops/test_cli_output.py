@@ -27,8 +27,9 @@ from support.faultproxy import FaultProxy
 
 from pgqueue import Client, KeyedSend
 from pgqueue._cli import main
-from pgqueue._cli import queues as queues_cli
-from pgqueue._cli._common import Column, exact_duration, human_age, output_width, render_table
+from pgqueue._cli import messages as queues_cli
+from pgqueue._cli._table import Column, output_width, render_table
+from pgqueue._cli._text import exact_duration, human_age
 from pgqueue._roles import PRODUCER
 
 

@@ -79,7 +79,7 @@ def runs(dsn: str, event: str, msg_id: int) -> int:
 
 def early_in_a_minute(client: Client) -> None:
     """Wait, if need be, until the database's minute has at least 15 s to go."""
-    from pgqueue._cli._common import server_now
+    from pgqueue._cli._connect import server_now
 
     seconds = server_now(client).second
     if seconds > 45:
