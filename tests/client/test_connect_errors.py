@@ -66,7 +66,8 @@ def test_waiting_for_a_refused_port_counts_every_attempt() -> None:
     text = _error(refused_dsn(), wait_seconds=1.5)
     match = re.search(r"connection refused \(after (\d+) attempts in (\d+\.\d)s", text)
     assert match, text
-    assert int(match.group(1)) >= 2 and 1.5 <= float(match.group(2)) < 5
+    # stopped at its 1.5 s (a loaded machine adds to the last attempt, not 30 s of them)
+    assert int(match.group(1)) >= 2 and 1.5 <= float(match.group(2)) < 20
 
 
 def test_a_server_that_never_answers_is_reported_as_a_timeout(silent_server: int) -> None:
@@ -87,8 +88,9 @@ def test_an_unknown_host_is_reported_as_no_answer(no_dsn_env: None) -> None:
 def test_a_missing_database_is_refused_by_a_server_that_answered(server_dsn: str) -> None:
     params = psycopg.conninfo.conninfo_to_dict(server_dsn)
     start = time.monotonic()
-    text = _error(with_dbname(server_dsn, MISSING_DB), wait_seconds=30)
-    assert time.monotonic() - start < 5  # refused is final: never waited for
+    text = _error(with_dbname(server_dsn, MISSING_DB), wait_seconds=60)
+    # refused is final: never waited for (60 s); a bound far above what load adds
+    assert time.monotonic() - start < 30
     host, port = params.get("host") or "localhost", params.get("port") or 5432
     server = f"socket {host}/.s.PGSQL.{port}" if host.startswith("/") else f"{host}:{port}"
     assert text == (

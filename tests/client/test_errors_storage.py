@@ -96,7 +96,9 @@ def test_a_storage_error_is_not_retried(
             client.run(Call("disk", raising(state, DISK_FULL), (), lambda rows: None))
         took = time.monotonic() - started
     assert (attempts(), retries) == (1, [])
-    assert took < 1.0
+    # the counts above say no retry; this bound (far above what load adds) still catches
+    # a wait through the 10 s budget
+    assert took < 8.0
     assert not is_retryable(caught(sql, raising(state, DISK_FULL)))
 
 

@@ -157,23 +157,14 @@ def test_a_dead_connection_raises_once_without_retry_or_hang(shop: str, client: 
     with psycopg.connect(shop) as conn:
         conn.execute("SELECT 1")
         pid = conn.info.backend_pid
-        with psycopg.connect(shop, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            # gone from the server's list, not a guess of how long that takes
-            wait_until(
-                lambda: (
-                    admin.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
-                    ).fetchone()
-                    == (0,)
-                )
-            )
+        terminated(shop, pid)
         before = backends(shop)
         started = time.monotonic()
         with pytest.raises(pgqueue.ConnectionLost):
             client.send(QUEUE, {"n": 1}, conn=conn)
-        # a retry would wait out its backoff and then its budget (tens of seconds)
-        assert time.monotonic() - started < 10, "no retry, no wait"
+        # a retry would wait out its backoff and then its budget (30 s): the room below
+        # it is for a loaded machine
+        assert time.monotonic() - started < 20, "no retry, no wait"
         assert backends(shop) == before, "no second connection was opened for it"
     assert committed(shop) == 1
 
@@ -256,15 +247,28 @@ def test_an_autocommit_sqlalchemy_connection_sends_at_once(shop: str, client: Cl
     eng.dispose()
 
 
+def terminated(dsn: str, pid: int) -> None:
+    """pg_terminate_backend, then wait until the backend has left the server's list
+    (not a guess of how long that takes on a loaded machine)."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_until(
+            lambda: (
+                admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+                == (0,)
+            )
+        )
+
+
 def test_a_dead_session_connection_raises_and_the_engine_recovers(
     shop: str, client: Client
 ) -> None:
     eng = engine(shop, pool_size=1, max_overflow=0)
     with Session(eng) as session:
         pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        with psycopg.connect(shop, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        time.sleep(0.2)
+        terminated(shop, pid)
         with pytest.raises(pgqueue.ConnectionLost):
             client.send(QUEUE, {"n": 1}, conn=session)
         with contextlib.suppress(sqlalchemy.exc.DBAPIError):
@@ -502,7 +506,9 @@ def test_drain_with_a_handler_that_hangs_past_timeout(client: Client) -> None:
     started = time.monotonic()
     with pytest.raises(DrainLimitReached):
         drain(client, app, timeout=1.0)
-    assert time.monotonic() - started < 5
+    # it stopped at its 1 s (and the running handler), not after both: a bound far above
+    # what load adds, which still catches a drain that hangs
+    assert time.monotonic() - started < 30
     # the message not run is live again for the next test step, not leased for 300 s
     assert len(client.read("slow")) == 1
 
@@ -562,9 +568,7 @@ def test_a_session_with_per_mapper_binds_sends_beside_the_business_write(
 def test_a_dead_caller_connection_says_the_transaction_is_lost(shop: str, client: Client) -> None:
     with psycopg.connect(shop) as conn:
         conn.execute("SELECT 1")
-        with psycopg.connect(shop, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        time.sleep(0.2)
+        terminated(shop, conn.info.backend_pid)
         with pytest.raises(pgqueue.ConnectionLost) as caught:
             client.send(QUEUE, {"n": 1}, conn=conn)
     said = str(caught.value)

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -194,8 +193,14 @@ def test_the_services_run_through_pgbouncer_and_every_album_calls_back_once(
             with psycopg.connect(empty_dsn) as conn:
                 return int(conn.execute("SELECT count(*) FROM example_albums").fetchone()[0])  # type: ignore[index]
 
-        wait_until(lambda: albums() == 6, timeout=60)
-        time.sleep(1)  # a second callback would land by now
+        def messages() -> int:
+            with psycopg.connect(empty_dsn) as conn:
+                return int(conn.execute("SELECT count(*) FROM pgqueue.message").fetchone()[0])  # type: ignore[index]
+
+        wait_until(lambda: albums() == 6, timeout=120)
+        # a second callback would be a message: once none is left, it has landed (and is
+        # counted below) or was never sent; no pause to guess
+        wait_until(lambda: messages() == 0)
         with psycopg.connect(empty_dsn) as conn:
             rows = conn.execute(
                 "SELECT count(*), sum(thumbnails), sum(failed) FROM example_albums"

@@ -434,7 +434,7 @@ def test_a_full_data_disk_fails_sends_clearly_and_everything_resumes_when_freed(
         producer = Producer(client)
         try:
             assert producer.call("send").error is None  # the worker's first message
-            wait_until(lambda: drained(target, set()), timeout=30)
+            wait_until(lambda: drained(target, set()), timeout=120)
             # A delete-mode consumer's leases, taken before the disk fills.
             for n in range(10):  # big: archiving them would need new TOAST pages
                 client.send("held", msg(f"held-{n}", big()))
@@ -445,7 +445,7 @@ def test_a_full_data_disk_fails_sends_clearly_and_everything_resumes_when_freed(
             for n in range(3):
                 producer.slow("jobs", f"slow-{n}")
                 producer.until_stopped("async_jobs", f"stopped-{n}")
-            wait_until(lambda: count_events(target, "start", "async_jobs") == 3, timeout=30)
+            wait_until(lambda: count_events(target, "start", "async_jobs") == 3, timeout=120)
 
             # -- fill: the producer sends (with the worker archiving) until 53100
             fill(fs, DATA_HEADROOM)
@@ -529,7 +529,9 @@ def test_a_full_data_disk_fails_sends_clearly_and_everything_resumes_when_freed(
             (fs / "filler").unlink()
             freed = time.monotonic()
             while producer.call("send").error is not None:
-                assert time.monotonic() - freed < 5, "sends did not resume within 5 s"
+                # within 5 s on a quiet machine (the figure below says how long it took);
+                # the room is for a loaded one, and still catches sends that never resume
+                assert time.monotonic() - freed < 30, "sends did not resume within 30 s"
                 time.sleep(0.05)
             figures["seconds to resume"] = seconds(time.monotonic() - freed)
             stopper = spawn(target, "--queue", "async_jobs", *ARCHIVE)
@@ -651,7 +653,7 @@ def test_a_full_wal_disk_stops_the_server_and_the_worker_resumes_after_its_resta
         producer = Producer(client)
         try:
             assert producer.call("send").error is None
-            wait_until(lambda: drained(target, set()), timeout=30)
+            wait_until(lambda: drained(target, set()), timeout=120)
 
             # -- fill: batches of sends until the server cannot make a WAL segment;
             # big messages (100 kB that do not compress), so that the few

@@ -81,7 +81,7 @@ class CeleryWorker:
         """The worker's log so far."""
         return self.log.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
         """Wait for the worker's 'ready' line; fail with its log if it exits or never is."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

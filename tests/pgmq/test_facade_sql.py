@@ -598,12 +598,14 @@ def test_read_with_poll_waits_for_a_delayed_message_and_gives_up_at_the_deadline
     conn.execute("SELECT pgmq.create('p')")
     started = time.monotonic()
     assert rows(conn, "SELECT * FROM pgmq.read_with_poll('p', 30, 1, 1, 50)") == []
-    assert 0.9 < time.monotonic() - started < 2.0
+    # gave up at its 1 s, not PGMQ's default 5 s: the room is for a loaded machine
+    assert 0.9 < time.monotonic() - started < 4.5
     mid = one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 1}', 1)")
     started = time.monotonic()
     got = rows(conn, "SELECT * FROM pgmq.read_with_poll(queue_name=>'p', vt=>30, qty=>5)")
     assert [r[0] for r in got] == [mid]
-    assert time.monotonic() - started < 2.5
+    # at the message's 1 s, not at the default deadline of 5 s (the room is for load)
+    assert time.monotonic() - started < 4.5
     one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 2}')")
     c = one(conn, "SELECT * FROM pgmq.send('p', '{\"a\": 3}')")
     got = rows(conn, "SELECT * FROM pgmq.read_with_poll('p', 30, 5, 1, 100, '{\"a\": 3}')")
@@ -678,10 +680,11 @@ def test_a_paused_queue_reads_nothing_and_says_so(facade: str, conn: Conn) -> No
         resumer = threading.Timer(0.3, other.execute, ("SELECT pgqueue.resume_queue('z')",))
         resumer.start()
         started = time.monotonic()
-        got = rows(conn, "SELECT * FROM pgmq.read_with_poll('z', 30, 1, 3, 50)")
+        got = rows(conn, "SELECT * FROM pgmq.read_with_poll('z', 30, 1, 120, 50)")
         resumer.join()
     assert [r[0] for r in got] == [mid]
-    assert time.monotonic() - started < 2
+    # at the resume, not its 120 s deadline: a bound far above what load adds
+    assert time.monotonic() - started < 60
 
 
 # --- poison ---------------------------------------------------------------------
@@ -812,8 +815,25 @@ def test_metrics_and_metrics_all(conn: Conn) -> None:
 # --- notify on insert --------------------------------------------------------------
 
 
-def drain(listener: Conn, timeout: float) -> list[str]:
-    return [n.channel for n in listener.notifies(timeout=timeout, stop_after=100)]
+SENTINEL = "test.sentinel"
+
+
+def drain(listener: Conn) -> list[str]:
+    """The channels notified to `listener` before a sentinel notified now.
+
+    Notifications arrive in commit order: every one that a statement before
+    this made comes first. So all of them are in (and "none" is known) when
+    the sentinel comes, not guessed from a quiet second a loaded machine fills.
+    """
+    listener.execute(f'LISTEN "{SENTINEL}"')
+    with psycopg.connect(listener.info.dsn, autocommit=True) as other:
+        other.execute(f'NOTIFY "{SENTINEL}"')
+    got: list[str] = []
+    for n in listener.notifies(timeout=60):
+        if n.channel == SENTINEL:
+            return got
+        got.append(n.channel)
+    raise AssertionError(f"the sentinel never came (got {got})")
 
 
 @pytest.fixture(params=["facade", "real"])
@@ -832,17 +852,18 @@ def test_notify_insert_on_pgmqs_own_channel(any_pgmq: Conn) -> None:
         conn.execute("SELECT pgmq.enable_notify_insert('n', 0)")
         conn.execute("SELECT * FROM pgmq.send('n', '{}')")
         conn.execute("SELECT * FROM pgmq.send_batch('n', ARRAY['1', '2']::jsonb[])")
-        assert drain(listener, 1.0) == ["pgmq.q_n.INSERT"] * 2
+        assert drain(listener) == ["pgmq.q_n.INSERT"] * 2
         assert rows(
             conn, "SELECT queue_name, throttle_interval_ms FROM pgmq.list_notify_insert_throttles()"
         ) == [("n", 0)]
-        # throttled: of quick sends, only the first notifies
-        conn.execute("SELECT pgmq.update_notify_insert('n', 2000)")
+        # throttled: of quick sends, only the first notifies (a minute's throttle: the
+        # four are quick on a loaded machine too)
+        conn.execute("SELECT pgmq.update_notify_insert('n', 60000)")
         for _ in range(4):
             conn.execute("SELECT * FROM pgmq.send('n', '{}')")
-        assert drain(listener, 1.0) == ["pgmq.q_n.INSERT"]
+        assert drain(listener) == ["pgmq.q_n.INSERT"]
         (row,) = rows(conn, "SELECT * FROM pgmq.list_notify_insert_throttles()")
-        assert row[:2] == ("n", 2000) and row[2].year > 2000
+        assert row[:2] == ("n", 60000) and row[2].year > 2000
         conn.execute("SELECT pgmq.enable_notify_insert('n')")  # default throttle
         assert rows(
             conn, "SELECT throttle_interval_ms FROM pgmq.list_notify_insert_throttles()"
@@ -850,7 +871,7 @@ def test_notify_insert_on_pgmqs_own_channel(any_pgmq: Conn) -> None:
         conn.execute("SELECT pgmq.disable_notify_insert('n')")
         assert rows(conn, "SELECT * FROM pgmq.list_notify_insert_throttles()") == []
         conn.execute("SELECT * FROM pgmq.send('n', '{}')")
-        assert drain(listener, 0.5) == []
+        assert drain(listener) == []
         with pytest.raises(psycopg.Error):
             conn.execute("SELECT pgmq.update_notify_insert('n', 10)")  # not enabled
         with pytest.raises(psycopg.Error):
@@ -863,7 +884,7 @@ def test_notify_reaches_pgmq_listeners_on_sends_through_pgqueue(conn: Conn) -> N
     with psycopg.connect(conn.info.dsn, autocommit=True) as listener:
         listener.execute('LISTEN "pgmq.q_pq.INSERT"')
         conn.execute("SELECT pgqueue.send('pq', '{}', delay => 5)")
-        assert drain(listener, 1.0) == ["pgmq.q_pq.INSERT"]
+        assert drain(listener) == ["pgmq.q_pq.INSERT"]
     assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', -5)") == "22023"
     conn.execute("SELECT pgmq.disable_notify_insert('pq')")
     assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', 5)") == "22023"

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.db import migrated_database
+from support.db import migrated_database, wait_until
 
 QUEUE = "halves"
 
@@ -178,7 +178,14 @@ def test_a_watermark_writer_stalled_with_the_lock_slows_the_fresh_floors_and_los
         ).fetchone()  # type: ignore[misc]
         assert mark is None, "no watermark recorded while the lock was held"
         stalled.execute("SELECT pg_advisory_unlock(pgqueue._mark_lock_key(%s))", (qid,))
-        time.sleep(1)
+
+        def marked() -> bool:  # a watermark recorded again (and enough sent to count)
+            (mark,) = sql.execute(
+                f"SELECT pg_sequence_last_value('pgqueue.lane_{qid}_mark_f_id')"
+            ).fetchone()  # type: ignore[misc]
+            return bool(errors) or (mark is not None and len(sent) > 100)
+
+        wait_until(marked)
         stop.set()
         for t in threads:
             t.join(30)

@@ -17,6 +17,9 @@ from pgqueue import App, Message
 
 app = App()
 
+# How long a handler waits at a gate nobody opens (a failed test): then it fails.
+GATE_BOUND = 300.0
+
 
 def record(msg: Message, event: str) -> None:
     line = json.dumps(
@@ -26,9 +29,21 @@ def record(msg: Message, event: str) -> None:
         out.write(line + "\n")
 
 
+def wait_at_gate(path: str) -> None:
+    """Hold the handler until the test creates the file at `path` (a file, not a row:
+    the database is what the tests break); give up after GATE_BOUND seconds."""
+    deadline = time.monotonic() + GATE_BOUND
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gate {path} was never opened")
+        time.sleep(0.05)
+
+
 def handle(msg: Message) -> Any:
     record(msg, "start")
     payload: dict[str, Any] = msg.message if isinstance(msg.message, dict) else {}
+    if payload.get("gate"):
+        wait_at_gate(str(payload["gate"]))
     time.sleep(float(payload.get("sleep", 0)))
     record(msg, "done")
     return {"n": payload.get("n")}

@@ -82,9 +82,14 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
 
     yield start
     for proc in procs:
-        if proc.p.poll() is None:
+        exited = proc.p.poll()
+        if exited is None:
             proc.p.kill()
             proc.p.wait()
+        # shown only when the test failed (captured teardown output): a worker that
+        # died at start-up, or never got going on a loaded machine, says why here
+        tail = proc.log.read_text(errors="replace").splitlines()[-40:] if proc.log.exists() else []
+        print(f"--- {proc.log.name}: exit {exited} (None: killed at teardown) ---", *tail, sep="\n")
 
 
 def prepare(dsn: str, *queues: str) -> Client:

@@ -23,7 +23,11 @@ CREATE TABLE IF NOT EXISTS handled (
     queue text, msg_id bigint, event text, read_ct int, pid int,
     at timestamptz DEFAULT clock_timestamp());
 CREATE TABLE IF NOT EXISTS effects (key text, msg_id bigint);
+CREATE TABLE IF NOT EXISTS gates (name text PRIMARY KEY);
 """
+
+# How long a handler waits at a gate nobody opens (a failed test): then it fails.
+GATE_BOUND = 300.0
 
 
 def record(msg: Message, event: str) -> None:
@@ -34,8 +38,28 @@ def record(msg: Message, event: str) -> None:
         )
 
 
+def open_gate(dsn: str, name: str) -> None:
+    """Let every handler waiting at gate `name` (payload {"gate": name}) go on."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO gates VALUES (%s) ON CONFLICT DO NOTHING", (name,))
+
+
+def wait_at_gate(name: str) -> None:
+    """Hold the handler until a test opens the gate: the test, not a guessed sleep,
+    decides when it ends (a loaded machine is slow to get anywhere)."""
+    deadline = time.monotonic() + GATE_BOUND
+    with psycopg.connect(os.environ["PGQUEUE_DSN"], autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if conn.execute("SELECT 1 FROM gates WHERE name = %s", (name,)).fetchone():
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"gate {name!r} was never opened")
+
+
 def behave(msg: Message) -> None:
     p: dict[str, Any] = msg.message if isinstance(msg.message, dict) else {}
+    if p.get("gate"):
+        wait_at_gate(str(p["gate"]))
     if p.get("sleep"):
         time.sleep(float(p["sleep"]))
     if p.get("poison"):
@@ -119,5 +143,7 @@ def tx_effects(msg: Message, conn: psycopg.Connection[Any]) -> None:
     """Writes its effect first, then works: no guard, so only the runtime keeps it single."""
     record(msg, "start")
     conn.execute("INSERT INTO effects VALUES (%s, %s)", (msg.message["key"], msg.msg_id))
+    if msg.message.get("gate"):
+        wait_at_gate(str(msg.message["gate"]))
     time.sleep(float(msg.message.get("sleep", 0)))
     record(msg, "done")

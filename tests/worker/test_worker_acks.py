@@ -41,6 +41,16 @@ def slow_acks(dsn: str, seconds: float | None) -> None:
             conn.execute("INSERT INTO public.slow_acks VALUES (%s)", (seconds,))
 
 
+def acks_sleeping(dsn: str) -> int:
+    """Statements of this database asleep in slow_ack's pg_sleep (an ack under way)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event = 'PgSleep' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_messages_waiting_for_a_slow_ack_keep_their_leases(
     dsn: str, client: Client, monkeypatch: Any
 ) -> None:
@@ -55,8 +65,8 @@ def test_messages_waiting_for_a_slow_ack_keep_their_leases(
         w = Worker(worker_app.app, wc, settings)
         t = threading.Thread(target=w.run, kwargs={"install_signals": False})
         t.start()
-        wait_until(lambda: count(dsn, "done") == 20, timeout=30)
-        wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=60)
+        wait_until(lambda: count(dsn, "done") == 20, timeout=120)
+        wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=120)
         w.stop()
         t.join(30)
     assert count(dsn, "start") == 20, "a message whose ack was slow was handed out again"
@@ -69,11 +79,12 @@ def test_a_worker_stops_within_its_grace_while_an_ack_is_stuck(dsn: str, spawn: 
         client.send_batch("jobs", [{"n": i} for i in range(5)])
         w = spawn(dsn, "--shutdown-grace", "2", "--vt", "30")
         wait_until(lambda: count(dsn, "done") == 5)
-        time.sleep(0.5)  # the ack is in its 60 s statement now
+        wait_until(lambda: acks_sleeping(dsn) >= 1)  # the ack is in its 60 s statement now
         w.signal(signal.SIGTERM)
         started = time.monotonic()
-        assert w.wait(20) == 0
-        assert time.monotonic() - started < 15  # its grace (2 s) and a second, not the 60 s ack
+        assert w.wait(60) == 0
+        # its grace (2 s) and a second, not the 60 s ack: a bound far above what load adds
+        assert time.monotonic() - started < 40
         assert w.events("worker.acks_unfinished")
 
 
@@ -90,13 +101,13 @@ def test_a_worker_held_back_by_its_acks_reads_again_when_they_land_not_at_its_ne
     slow_acks(dsn, 0.2)
     client.send_batch("jobs", [{"n": i} for i in range(40)])
     # a poll interval far longer than the test: only a wake-up by the acks can finish it
-    settings = WorkerSettings(queues=("jobs",), concurrency=4, poll_interval=60)
+    settings = WorkerSettings(queues=("jobs",), concurrency=4, poll_interval=600)
     with Client.from_dsn(dsn, max_size=settings.pool_size) as wc:
         w = Worker(worker_app.app, wc, settings)
         t = threading.Thread(target=w.run, kwargs={"install_signals": False})
         t.start()
         try:
-            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=30)
+            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=120)
         finally:
             w.stop()
             t.join(30)
@@ -112,7 +123,8 @@ def test_an_ack_retried_onto_a_promoted_async_standby_leaves_a_reused_id_alone(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(worker_app.SCHEMA)
     client.create_queue("jobs", max_attempts=5)
-    first = client.send("jobs", {"n": 1, "sleep": 1.5})
+    # held at a gate while its send is "lost": it cannot finish first on a slow machine
+    first = client.send("jobs", {"n": 1, "gate": "open"})
     settings = WorkerSettings(queues=("jobs",), vt=30, concurrency=1, poll_interval=0.1)
     with Client.from_dsn(dsn, max_size=settings.pool_size) as wc:
         w = Worker(worker_app.app, wc, settings)
@@ -127,10 +139,11 @@ def test_an_ack_retried_onto_a_promoted_async_standby_leaves_a_reused_id_alone(
                     " WHERE queue_name = 'jobs'",
                     (first,),
                 )
-            again = client.send("jobs", {"n": 2}, delay=3)  # not read before the first ack
+            again = client.send("jobs", {"n": 2}, delay=5)  # not read before the first ack
             assert again == first
-            wait_until(lambda: count(dsn, "done") == 2, timeout=30)
-            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=30)
+            worker_app.open_gate(dsn, "open")
+            wait_until(lambda: count(dsn, "done") == 2, timeout=120)
+            wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=120)
         finally:
             w.stop()
             t.join(30)

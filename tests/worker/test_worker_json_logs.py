@@ -16,13 +16,13 @@ def test_json_log_is_one_object_per_line_with_the_pool_lines_routed_through_it(
     with prepare(dsn) as client:
         client.send_batch("jobs", [{"sleep": 0.05} for _ in range(40)])
         w = spawn(dsn, "--concurrency", "4", "--vt", "10")
-        wait_until(lambda: count(dsn, "done") >= 4, timeout=30)
+        wait_until(lambda: count(dsn, "done") >= 4, timeout=120)
         # Cut every pool connection under the worker, twice: the pool discards
         # the dead ones (psycopg_pool logs) and the calls retry (pgqueue logs).
         for _ in range(2):
             assert terminate_client_backends(dsn) > 0
-            wait_until(lambda: count(dsn, "done") >= 20, timeout=30)
-        wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=60)
+            wait_until(lambda: count(dsn, "done") >= 20, timeout=120)
+        wait_until(lambda: client.metrics("jobs").queue_length == 0, timeout=120)
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
     lines = w.log.read_text().splitlines()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from support import worker_app
 from support.db import wait_until
 from support.processes import count, prepare
 
@@ -30,6 +31,11 @@ def pids(dsn: str, event: str, msg_ids: list[int] | None = None) -> list[int]:
     return [r[0] for r in rows]
 
 
+def leased(client: Client) -> int:
+    """How many of `jobs`' messages have been read at least once so far."""
+    return sum(m.read_ct > 0 for m in client.peek("jobs", qty=100))
+
+
 def test_a_worker_stopped_past_its_vt_does_not_move_the_new_holders_lease(
     dsn: str, spawn: Any
 ) -> None:
@@ -38,11 +44,15 @@ def test_a_worker_stopped_past_its_vt_does_not_move_the_new_holders_lease(
         a = spawn(dsn, "--vt", "2", "--concurrency", "1", "--shutdown-grace", "0")
         wait_until(lambda: count(dsn, "start") == 1)
         a.signal(signal.SIGSTOP)
-        time.sleep(3)  # its lease runs out while it is frozen
-        [b] = client.read("jobs", vt=30, qty=1)  # another reader takes over for 30 s
+        # its lease runs out while it is frozen; another reader takes over (for longer
+        # than any loaded machine takes for the rest) as soon as it has
+        took: list[Any] = []
+        wait_until(lambda: bool(took.extend(client.read("jobs", vt=600, qty=1)) or took))
+        [b] = took
         assert b.read_ct == 2
         a.signal(signal.SIGCONT)
-        time.sleep(2)  # rounds of A's heartbeats
+        # A's heartbeat came round and found its lease gone: what it did to B's is below
+        wait_until(lambda: bool(a.events("message.lease_lost")))
         assert client.read("jobs", vt=30, qty=1) == []  # nobody else inside B's lease
         assert [m.vt for m in client.peek("jobs")] == [b.vt]  # untouched
         a.signal(signal.SIGTERM)  # its shutdown gives back only what it holds
@@ -57,17 +67,19 @@ def test_a_transactional_handler_stopped_past_its_vt_rolls_back_and_its_effect_c
     dsn: str, spawn: Any
 ) -> None:
     with prepare(dsn, "tx_effects") as client:
-        client.send("tx_effects", {"key": "k", "sleep": 1.5})
+        # held at a gate, not for a guessed time: A is stopped inside the handler however
+        # slow the machine, and B, once the gate is open, goes through while A is frozen
+        client.send("tx_effects", {"key": "k", "gate": "open"})
         args = ("--queue", "tx_effects", "--vt", "2", "--concurrency", "1")
         a = spawn(dsn, *args)
         wait_until(lambda: count(dsn, "start") == 1)
         a.signal(signal.SIGSTOP)  # inside the handler, its write not yet committed
-        time.sleep(3)
-        b = spawn(dsn, *args)
-        wait_until(lambda: client.metrics("tx_effects").queue_length == 0, timeout=20)
+        worker_app.open_gate(dsn, "open")
+        b = spawn(dsn, *args)  # takes the message over once A's lease has run out
+        wait_until(lambda: client.metrics("tx_effects").queue_length == 0)
         a.signal(signal.SIGCONT)
-        wait_until(lambda: count(dsn, "done") == 2, timeout=20)  # A's handler returned too
-        wait_until(lambda: bool(a.events("message.lease_lost")), timeout=10)
+        wait_until(lambda: count(dsn, "done") == 2)  # A's handler returned too
+        wait_until(lambda: bool(a.events("message.lease_lost")))
         with psycopg.connect(dsn) as conn:
             effects = conn.execute("SELECT msg_id FROM effects").fetchall()
         assert len(effects) == 1, "the stalled run's write rolled back; the new holder's stands"
@@ -89,10 +101,10 @@ def test_a_worker_whose_handlers_all_hang_gives_back_what_waits_and_stops_leasin
             *("--health-file", str(health)),
         )
         wait_until(lambda: count(dsn, "start") == 1)
-        time.sleep(2.5)  # past the hard timeout: A's only handler thread is hung
+        # past the hard timeout: A's only handler thread is hung, and A says so
+        wait_until(lambda: bool(a.events("worker.stuck")))
         b = spawn(dsn, "--concurrency", "3", "--vt", "30")
-        wait_until(lambda: len(pids(dsn, "done", quick)) == 2, timeout=15)
-        assert a.events("worker.stuck")
+        wait_until(lambda: len(pids(dsn, "done", quick)) == 2)
         touched = health.stat().st_mtime
         time.sleep(1)
         assert set(pids(dsn, "done", quick)) == {b.p.pid}
@@ -106,12 +118,16 @@ def test_a_worker_whose_handlers_all_hang_gives_back_what_waits_and_stops_leasin
 
 def test_after_a_stop_signal_no_message_waiting_locally_starts(dsn: str, spawn: Any) -> None:
     with prepare(dsn) as client:
-        client.send_batch("jobs", [{"sleep": 2}] * 4)
-        w = spawn(dsn, "--concurrency", "2", "--batch", "2", "--vt", "30")
+        # the handlers end when the test opens their gate, after the signal: none of them
+        # can finish (and free a thread for the other two) on a slow machine's schedule
+        client.send_batch("jobs", [{"gate": "open"}] * 4)
+        w = spawn(dsn, "--concurrency", "2", "--batch", "2", "--vt", "300")
         wait_until(lambda: count(dsn, "start") == 2)
-        time.sleep(0.5)  # the next read has fetched the other two
+        wait_until(lambda: leased(client) == 4)  # the next read has fetched the other two
         w.signal(signal.SIGINT)
-        assert w.wait() == 0
+        wait_until(lambda: bool(w.events("worker.signal")))
+        worker_app.open_gate(dsn, "open")
+        assert w.wait(120) == 0
         assert (count(dsn, "start"), count(dsn, "done")) == (2, 2)
         again = client.read("jobs", vt=30, qty=10)
         assert [m.read_ct for m in again] == [2, 2]  # leased once, given back at the signal
@@ -119,12 +135,15 @@ def test_after_a_stop_signal_no_message_waiting_locally_starts(dsn: str, spawn: 
 
 def test_a_stopping_worker_gives_back_its_whole_prefetch_at_once(dsn: str, spawn: Any) -> None:
     with prepare(dsn) as client:
-        client.send_batch("jobs", [{"sleep": 0.5}] * 40)
-        w = spawn(dsn, "--concurrency", "2", "--batch", "30", "--vt", "30")
+        client.send_batch("jobs", [{"gate": "open"}] * 40)
+        w = spawn(dsn, "--concurrency", "2", "--batch", "30", "--vt", "300")
         wait_until(lambda: count(dsn, "start") == 2)
-        time.sleep(0.3)  # 2 running, most of a prefetch of 30 waiting
+        # 2 running (until the gate opens), most of a prefetch of 30 waiting
+        wait_until(lambda: leased(client) >= 22)
         w.signal(signal.SIGTERM)
-        assert w.wait() == 0
+        wait_until(lambda: bool(w.events("worker.signal")))
+        worker_app.open_gate(dsn, "open")
+        assert w.wait(120) == 0
         [gave] = [e for e in w.events("worker.gave_back") if e["why"] == "the worker is stopping"]
         assert gave["count"] == gave["of"] >= 20
         assert (count(dsn, "start"), count(dsn, "done")) == (2, 2)
@@ -147,17 +166,26 @@ def test_a_worker_resumed_after_a_stall_starts_none_of_what_another_reader_took_
     # still held, not yet given back for waiting too long, when the stop hits.
     monkeypatch.setenv("PGQUEUE_HEARTBEAT_FRACTION", "0.9")
     with prepare(dsn) as client:
-        ids = client.send_batch("jobs", [{"sleep": 1}] * 12)
+        # the running handler ends when the test opens the gate, not after a guessed time
+        ids = client.send_batch("jobs", [{"gate": "open"}] * 12)
         w = spawn(dsn, "--concurrency", "1", "--batch", "10", "--vt", "4")
         wait_until(lambda: count(dsn, "start") == 1)
         w.p.send_signal(signal.SIGSTOP)
+        taken: list[Any] = []
         try:
-            time.sleep(4.5)  # every lease the stalled worker holds has run out
-            taken = client.read("jobs", vt=60, qty=20)  # another reader takes them all
-            assert len(taken) >= 10
+            # another reader takes each as soon as the stalled worker's lease on it has
+            # run out, until it holds all (the running one's too)
+            wait_until(
+                lambda: len(taken.extend(client.read("jobs", vt=600, qty=20)) or taken) == 12
+            )
         finally:
             w.p.send_signal(signal.SIGCONT)
-        time.sleep(2)  # the resumed worker finishes its running handler, starts nothing taken
+        worker_app.open_gate(dsn, "open")
+        # The resumed worker finishes its running handler, and gives the nine that
+        # waited back (by the heartbeat, or by the thread that would have started
+        # them), finding their leases gone: after that there is nothing it could start.
+        wait_until(lambda: count(dsn, "done") == 1)
+        wait_until(lambda: sum(e["of"] for e in w.events("worker.gave_back")) >= 9)
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
         with psycopg.connect(dsn) as conn:

@@ -77,6 +77,13 @@ def runs(dsn: str, event: str, msg_id: int) -> int:
     return int(row[0]) if row else 0
 
 
+def said_stopping(client: Client) -> bool:
+    """The worker's row says stopping; it must not go before it has said so."""
+    rows = client.list_workers()
+    assert rows, "the row went before it ever said stopping"
+    return rows[0].stopping
+
+
 def early_in_a_minute(client: Client) -> None:
     """Wait, if need be, until the database's minute has at least 15 s to go."""
     from pgqueue._cli._connect import server_now
@@ -89,7 +96,8 @@ def early_in_a_minute(client: Client) -> None:
 def test_a_running_worker_is_listed_alive_and_its_row_goes_when_it_stops(
     make_worker: Any, client: Client, env_dsn: str
 ) -> None:
-    w, _ = make_worker(concurrency=3)
+    # a grace no loaded machine runs out: the handler ends when the test opens its gate
+    w, _ = make_worker(concurrency=3, shutdown_grace=120)
     wait_until(lambda: len(client.list_workers()) == 1)
     [me] = client.list_workers()
     assert (me.worker_id, me.host, me.pid) == (
@@ -104,13 +112,14 @@ def test_a_running_worker_is_listed_alive_and_its_row_goes_when_it_stops(
         False,
         True,
     )
-    sent = client.send("jobs", {"sleep": 3})
+    sent = client.send("jobs", {"gate": "running"})
     wait_until(lambda: runs(env_dsn, "start", sent) == 1)
     wait_until(lambda: client.list_workers()[0].in_flight == 1)
     first_seen = client.list_workers()[0].last_seen_at
     wait_until(lambda: client.list_workers()[0].last_seen_at > first_seen)  # it heartbeats
     w.stop()  # graceful: the running handler finishes, the row says stopping meanwhile
-    wait_until(lambda: client.list_workers()[0].stopping, timeout=2.5)
+    wait_until(lambda: said_stopping(client))
+    worker_app.open_gate(env_dsn, "running")
     wait_until(lambda: client.list_workers() == [])
     assert runs(env_dsn, "done", sent) == 1
     assert client.metrics("jobs").queue_length == 0
@@ -121,15 +130,14 @@ def test_a_paused_queue_waits_and_runs_at_once_when_resumed(
 ) -> None:
     client.pause_queue("jobs")
     client.send_batch("jobs", [{"n": i} for i in range(3)])
-    # Polling alone would take up to 10 s to notice the resume: the NOTIFY does it.
-    make_worker(poll_interval=10)
+    # Polling alone would take up to 600 s to notice the resume: the NOTIFY does it,
+    # within a bound that is generous for a loaded machine and far below the poll.
+    make_worker(poll_interval=600)
     wait_until(lambda: [e for e in captured_logs if e["event"] == "queue.paused"])
     time.sleep(1.0)
     assert count(env_dsn, "start") == 0
     assert client.resume_queue("jobs")
-    resumed = time.monotonic()
-    wait_until(lambda: done(env_dsn) == 3, timeout=5)
-    assert time.monotonic() - resumed < 2
+    wait_until(lambda: done(env_dsn) == 3, timeout=120)
     changes = [(e["event"], e["queue"]) for e in captured_logs if e["event"].startswith("queue.")]
     assert changes == [("queue.paused", "jobs"), ("queue.resumed", "jobs")]
 
@@ -137,20 +145,24 @@ def test_a_paused_queue_waits_and_runs_at_once_when_resumed(
 def test_a_pause_and_a_resume_while_running_are_noticed_and_logged_once_each(
     make_worker: Any, client: Client, env_dsn: str, captured_logs: list[dict[str, Any]]
 ) -> None:
-    make_worker()
+    _, wclient = make_worker()
+    notices: list[str] = []  # reads that met the pause (PGQ11)
     first = client.send("jobs", {"n": 1})
     wait_until(lambda: runs(env_dsn, "done", first) == 1)
     client.pause_queue("jobs")
+    wclient.observers.read_paused.append(notices.append)
     wait_until(lambda: [e for e in captured_logs if e["event"] == "queue.paused"])
     # A read that began before the pause committed may still be under way (a
     # loaded machine): it saw the queue unpaused, and may hand out what it
-    # finds. Let it end before the send that the pause must hold back.
-    time.sleep(0.5)
+    # finds. The worker has one reader, its reads one after another: once a
+    # read has met the pause, that earlier one has ended. Then the send that
+    # the pause must hold back.
+    wait_until(lambda: bool(notices))
     second = client.send("jobs", {"n": 2})
     time.sleep(1.0)  # probes and heartbeats come and go: still paused, logged once
     assert runs(env_dsn, "start", second) == 0
     client.resume_queue("jobs")
-    wait_until(lambda: runs(env_dsn, "done", second) == 1, timeout=5)
+    wait_until(lambda: runs(env_dsn, "done", second) == 1)
     changes = [(e["event"], e["queue"]) for e in captured_logs if e["event"].startswith("queue.")]
     assert changes == [("queue.paused", "jobs"), ("queue.resumed", "jobs")]
     levels = {e["event"]: e["log_level"] for e in captured_logs if e["event"].startswith("queue.")}
@@ -167,14 +179,17 @@ def test_a_paused_queue_costs_one_read_a_poll_interval_while_sends_keep_coming(
     wait_until(lambda: len(reads) >= 1)
     sends = 0
     start = time.monotonic()
-    while time.monotonic() - start < 4:  # every send notifies the waiting worker
+    # every send notifies the waiting worker: 200 of them, over 4 s at least (counts,
+    # not a rate: a loaded machine sends slower, and the bound below follows the clock)
+    while sends < 200 or time.monotonic() - start < 4:
         client.send("jobs", {"n": sends})
         sends += 1
         time.sleep(0.01)
+    elapsed = time.monotonic() - start
     span = [t for t in reads if t >= start]
-    assert sends > 150
-    # 4 s at one read per 0.5 s: 8 (a woken worker reading on each send: hundreds)
-    assert 4 <= len(span) <= 10, len(span)
+    # one read per 0.5 s at most, however slow the sends were (a woken worker reading
+    # on each send: hundreds); at least two, so it went on probing
+    assert 2 <= len(span) <= elapsed / 0.5 + 3, (len(span), elapsed)
     assert count(env_dsn, "start") == 0
 
 
@@ -199,7 +214,7 @@ def test_rates_count_a_workers_sends_acks_nacks_and_poisons_within_a_heartbeat(
             sum(r.poisoned for r in rows),
         )
 
-    wait_until(lambda: totals()[1] == 12, timeout=3)
+    wait_until(lambda: totals()[1] == 12)
     assert totals() == (13, 12, 2, 1)
 
 
@@ -232,7 +247,7 @@ def test_a_worker_with_the_registry_off_is_not_listed_but_still_honours_a_pause(
     time.sleep(1.0)
     assert client.list_workers() == [] and count(env_dsn, "start") == 0
     client.resume_queue("jobs")
-    wait_until(lambda: done(env_dsn) == 1, timeout=5)
+    wait_until(lambda: done(env_dsn) == 1)
 
 
 # -- real processes -----------------------------------------------------------
@@ -251,11 +266,12 @@ def test_a_worker_process_is_listed_while_it_runs_and_gone_after_sigterm(
         assert [e["queue"] for e in w.events("queue.paused")] == ["callbacks"]
         client.resume_queue("callbacks")
         wait_until(lambda: w.events("queue.resumed"))
-        client.send("jobs", {"sleep": 2})
+        client.send("jobs", {"gate": "running"})  # it ends when the test says
         wait_until(lambda: count(dsn, "start") == 1)
         w.signal(signal.SIGTERM)
-        wait_until(lambda: client.list_workers()[0].stopping, timeout=2)
-        assert w.wait() == 0
+        wait_until(lambda: said_stopping(client))
+        worker_app.open_gate(dsn, "running")
+        assert w.wait(120) == 0
         assert client.list_workers() == []
         assert count(dsn, "done") == 1
 

@@ -74,7 +74,7 @@ def test_a_worker_runs_a_workflow_to_its_one_final_callback(
         callback_queue="callbacks",
     )
     run_worker()
-    wait_until(lambda: client.workflow_status(wid).state != "running", timeout=30)
+    wait_until(lambda: client.workflow_status(wid).state != "running", timeout=120)
     s = client.workflow_status(wid)
     assert (s.state, s.succeeded, s.failed, s.cancelled) == ("failed", 3, 1, 1)
     steps = {x.step: x.state for x in client.workflow_steps(wid)}
