@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,6 +17,10 @@ import pytest
 from pgqueue import Client
 
 TESTS = Path(__file__).resolve().parents[1]
+
+
+def _sighup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 class Proc:
@@ -49,6 +54,9 @@ class Proc:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # as from a terminal: a run under nohup (CI's) would hand its
+                # ignored SIGHUP down, and the worker keeps an ignored one so
+                preexec_fn=_sighup_default,
             )
 
     def signal(self, sig: int) -> None:
