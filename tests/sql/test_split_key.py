@@ -187,8 +187,11 @@ def test_a_watermark_writer_stalled_with_the_lock_slows_the_fresh_floors_and_los
 
         wait_until(marked)
         stop.set()
+        # the consumers drain what was sent before they stop: on a loaded
+        # machine that took longer than the 30 s this join once gave them
         for t in threads:
-            t.join(30)
+            t.join(300)
+        assert not any(t.is_alive() for t in threads), "the consumers did not drain in 300 s"
     assert not errors, errors[0]
     assert sorted(got) == sorted(sent) and len(sent) > 100
     (mark,) = sql.execute(
