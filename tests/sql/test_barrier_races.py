@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.db import run_threads, terminate_client_backends, wait_until
+from support.db import blocks_another, run_threads, terminate_client_backends, wait_until
 
 from pgqueue import Client
 from pgqueue._calls import barrier as b
@@ -283,16 +283,7 @@ def test_drop_queue_racing_fan_out_never_strands_a_barrier(client: Client, dsn: 
     t = threading.Thread(target=fan)
     t.start()
 
-    def fan_waits() -> bool:
-        # on the drop's lock: seen, not guessed. Asked in the drop's transaction, of
-        # pg_locks (read live; pg_stat_activity would be this transaction's snapshot)
-        row = dropper.execute(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted"
-            " AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
-        ).fetchone()
-        return bool(row and row[0])
-
-    wait_until(fan_waits)
+    wait_until(lambda: blocks_another(dropper))  # the fan-out waits on the drop's lock
     dropper.commit()
     dropper.close()
     t.join()

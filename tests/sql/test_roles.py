@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict
-from support.db import create_database, drop_database, wait_until, with_dbname
+from support.db import blocks_another, create_database, drop_database, wait_until, with_dbname
 from support.roles import as_user, drop_roles
 
 import pgqueue
@@ -868,16 +868,7 @@ def test_migrations_of_two_databases_create_each_role_once(
             t = threading.Thread(target=second)
             t.start()
 
-            def second_waits() -> bool:
-                # blocked on the first one's CREATE ROLE: seen in pg_locks (read live, and
-                # across databases), asked in the first one's transaction
-                row = first.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted"
-                    " AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
-                ).fetchone()
-                return bool(row and row[0])
-
-            wait_until(second_waits)
+            wait_until(lambda: blocks_another(first))  # the second waits on its CREATE ROLE
             assert t.is_alive() and results == []
             first.commit()
             t.join(60)

@@ -310,6 +310,17 @@ def captured_logs() -> Iterator[list[dict[str, Any]]]:
         logger.setLevel(saved)
 
 
+def blocks_another(conn: Any) -> bool:
+    """Whether another session waits on a lock `conn`'s transaction holds: read live
+    from pg_locks (pg_stat_activity would be this transaction's snapshot), in any
+    database, so a test waits on the wait it means instead of guessing a sleep."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted"
+        " AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def plant(sql: Any, queue: str, message: str, headers: str | None = None) -> int:
     """As the owner, a live message no entry would take (pgqueue's entries refuse a document
     its readers cannot decode): what an older version, an import or a direct write left.
