@@ -773,86 +773,6 @@ BEGIN
 END
 $$;
 
--- PGMQ's grouped reads. pgqueue's reads always honour groups, handing out a
--- group's oldest message only, so each is read (and read_with_poll): the
--- heads of up to qty groups, oldest first, with ungrouped messages beside
--- them. PGMQ's read_grouped fills a batch from one group; here a batch holds
--- at most one message per group.
-CREATE FUNCTION pgmq.read_grouped(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
-END
-$$;
-
-CREATE FUNCTION pgmq.read_grouped_rr(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
-END
-$$;
-
-CREATE FUNCTION pgmq.read_grouped_head(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty);
-END
-$$;
-
-CREATE FUNCTION pgmq.read_grouped_with_poll(
-    queue_name text,
-    vt integer,
-    qty integer,
-    max_poll_seconds integer DEFAULT 5,
-    poll_interval_ms integer DEFAULT 100
-) RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
-END
-$$;
-
-CREATE FUNCTION pgmq.read_grouped_rr_with_poll(
-    queue_name text,
-    vt integer,
-    qty integer,
-    max_poll_seconds integer DEFAULT 5,
-    poll_interval_ms integer DEFAULT 100
-) RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
-END
-$$;
-
-CREATE FUNCTION pgmq.read_grouped_head_with_poll(
-    queue_name text,
-    vt integer,
-    qty integer,
-    max_poll_seconds integer DEFAULT 5,
-    poll_interval_ms integer DEFAULT 100
-) RETURNS SETOF pgmq.message_record
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM pgmq.read_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms);
-END
-$$;
-
 ------------------------------------------------------------------------------
 -- Acks and leases
 ------------------------------------------------------------------------------
@@ -1051,9 +971,7 @@ SELECT 'pgmq.' || f, r, 'function'
   FROM (VALUES
         ('{pgqueue_producer,pgqueue_consumer,pgqueue_operator}'::text[],
          ARRAY['send', 'send_batch', 'format_table_name', 'validate_queue_name']),
-        ('{pgqueue_consumer}', ARRAY['read', 'read_with_poll', 'pop', 'read_grouped', 'read_grouped_with_poll',
-                                     'read_grouped_rr', 'read_grouped_rr_with_poll', 'read_grouped_head',
-                                     'read_grouped_head_with_poll', 'delete', 'archive', 'set_vt']),
+        ('{pgqueue_consumer}', ARRAY['read', 'read_with_poll', 'pop', 'delete', 'archive', 'set_vt']),
         ('{pgqueue_consumer,pgqueue_operator}',
          ARRAY['list_queues', 'metrics', 'metrics_all', 'list_notify_insert_throttles']),
         ('{pgqueue_operator}', ARRAY['create', 'create_non_partitioned', 'create_unlogged', 'create_partitioned',
