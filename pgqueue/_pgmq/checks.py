@@ -9,7 +9,7 @@ import psycopg
 from psycopg import sql
 
 from pgqueue._errors import sql_literal
-from pgqueue._pgmq.model import GROUP_HEADER, GROUP_KEY, PgmqImportRefused
+from pgqueue._pgmq.model import PgmqImportRefused
 from pgqueue._pgmq.sources import Source
 
 # Headers pgqueue would refuse on a send: not an object, or a reserved _pg_ key.
@@ -17,7 +17,6 @@ from pgqueue._pgmq.sources import Source
 # the header rule's first half, and no document nested beyond readers.
 _BAD_HEADERS = "pgqueue._headers_problem(headers) IS NOT NULL"
 _UNDECODABLE = "(pgqueue._undecodable(message) OR pgqueue._undecodable(headers)) IS TRUE"
-_BAD_GROUP = f"({GROUP_KEY} = '' OR length({GROUP_KEY}) > 200)"
 
 
 def check_importable(conn: psycopg.Connection[Any], sources: Sequence[Source]) -> None:
@@ -62,17 +61,6 @@ def check_importable(conn: psycopg.Connection[Any], sources: Sequence[Source]) -
                     " a document nested more than 255 levels deep, which readers cannot decode"
                     " and no pgqueue entry takes; fix them in PGMQ first"
                 )
-        bad = conn.execute(
-            sql.SQL("SELECT count(*), min(msg_id) FROM {} WHERE " + _BAD_GROUP).format(
-                s.rows(conn, "q")
-            )
-        ).fetchone()
-        if bad is not None and bad[0]:
-            problems.append(
-                f"queue {name}: {bad[0]} message(s) (the first msg_id {bad[1]}) have an"
-                f" {GROUP_HEADER} header that is empty or longer than 200 characters,"
-                " which pgqueue cannot hold as a group key"
-            )
     if problems:
         raise PgmqImportRefused("cannot import: " + "; ".join(problems) + "; nothing was changed")
 

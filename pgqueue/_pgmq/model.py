@@ -14,8 +14,9 @@ COMMENT_PREFIX = "pgqueue pgmq facade"
 NEVER_POISON = 2_147_483_647
 # The header PGMQ's FIFO groups read; the facade sends it as the group key.
 GROUP_HEADER = "x-pgmq-group"
-# That header's value, as SQL over a PGMQ message row: the group key it becomes.
-GROUP_KEY = f"headers->>'{GROUP_HEADER}'"
+# That header's value, as SQL over a PGMQ message row: the group key it becomes
+# (itself, or for an empty or long text a digest of it: sql/schema/queue.sql).
+GROUP_KEY = f"pgqueue._pgmq_group(headers->>'{GROUP_HEADER}')"
 
 
 class PgmqConflict(PgQueueError):

@@ -46,9 +46,11 @@
 --     a message never becomes visible before the time asked for.
 --   * Partitioned and unlogged queues do not exist: create_unlogged makes an
 --     ordinary queue, create_partitioned and convert_archive_partitioned refuse.
---   * The tables pgmq.meta, pgmq.q_<name> and pgmq.a_<name> are read-only views
---     of pgqueue's tables, kept in step with the queues by a trigger on
---     pgqueue.queue (queues created or dropped through either API).
+--   * The tables pgmq.meta, pgmq.q_<name> and pgmq.a_<name> are views of
+--     pgqueue's tables, kept in step with the queues by a trigger on
+--     pgqueue.queue (queues created or dropped through either API). The
+--     owner's writes to pgmq.q_<name> (UPDATE of vt, DELETE, INSERT) are the
+--     facade's calls that do the same; pgmq.meta is read-only.
 --
 -- Security: functions that touch pgqueue's tables or internal functions are
 -- SECURITY DEFINER with a fixed search_path, as pgqueue's own are; nothing is
@@ -95,15 +97,17 @@ CREATE TYPE pgmq.metrics_result AS (
 ------------------------------------------------------------------------------
 
 -- PGMQ's table name of a queue: lower(prefix || '_' || queue_name), refusing
--- the characters PGMQ refuses. Here it names the queue's view.
+-- the characters PGMQ refuses with PGMQ's error (P0001, its text; the RAISE
+-- on the line of PGMQ's, so the CONTEXT psql prints is PGMQ's too). Here it
+-- names the queue's view.
 CREATE FUNCTION pgmq.format_table_name(queue_name text, prefix text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF queue_name ~ '\$|;|--|''' THEN
-        RAISE EXCEPTION 'queue name % contains a character PGMQ refuses ($, ;, -- or '')', quote_literal(queue_name)
-            USING ERRCODE = '22023';
+    IF queue_name ~ '\$|;|--|'''
+    THEN
+        RAISE EXCEPTION 'queue name contains invalid characters: $, ;, --, or \''';
     END IF;
     RETURN lower(prefix || '_' || queue_name);
 END
@@ -121,15 +125,38 @@ AS $$
     SELECT pgqueue._queue_name_for(queue_name);
 $$;
 
--- Raises 22023 unless a queue may be created by this name: PGMQ's limits (1
--- to 47 characters, none of $ ; -- '), and at most 61 bytes (its views'
--- names are identifiers: 63 bytes with the prefix).
+-- PGMQ's check of a queue name's length, with PGMQ's error (P0001, its
+-- text, the RAISE on the line of PGMQ's). The characters are
+-- format_table_name's to refuse; what else a facade queue name needs is
+-- pgmq._check_name's.
 CREATE FUNCTION pgmq.validate_queue_name(queue_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF queue_name IS NULL OR queue_name = '' OR length(queue_name) > 47 OR octet_length(queue_name) > 61
+    IF length(queue_name) > 47 THEN
+        -- PGMQ's limit: its longest table name (a partitioned queue's
+        -- template, template_pgmq_q_ and the queue's name) must fit in an
+        -- identifier's 63 bytes. Four lines of comment: the RAISE is on line
+        -- 8 of the body, as PGMQ's is, for the CONTEXT line it prints.
+        RAISE EXCEPTION 'queue name is too long, maximum length is 47 characters';
+    END IF;
+END
+$$;
+
+-- Raises unless a queue may be created by this name beyond PGMQ's checks
+-- (format_table_name, validate_queue_name): a name, not empty, at most 61
+-- bytes (the views' names are identifiers: 63 bytes with the prefix), none
+-- of PGMQ's refused characters. 22004 for NULL, else 22023.
+CREATE FUNCTION pgmq._check_name(queue_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue_name IS NULL THEN
+        RAISE EXCEPTION 'queue_name must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF queue_name = '' OR length(queue_name) > 47 OR octet_length(queue_name) > 61
        OR queue_name ~ '\$|;|--|''' THEN
         RAISE EXCEPTION 'invalid queue name %', quote_nullable(queue_name)
             USING ERRCODE = '22023',
@@ -186,7 +213,7 @@ AS $$
 $$;
 
 ------------------------------------------------------------------------------
--- The tables PGMQ's tools select from: read-only views
+-- The tables PGMQ's tools select from and its users write: views
 ------------------------------------------------------------------------------
 
 -- Raised by a write to any of the views.
@@ -201,18 +228,84 @@ BEGIN
 END
 $$;
 
--- Makes a view read-only, and gives SELECT on it to the roles
--- pgqueue.role_grant names for it.
-CREATE FUNCTION pgmq._publish_view(view_name text) RETURNS void
+-- Gives a view its writes (`writes`, a trigger function of schema pgmq, with
+-- the queue's name as its argument; none: read-only), and SELECT to the
+-- roles pgqueue.role_grant names for it. Writing takes a right on the view
+-- itself, which pgqueue.role_grant gives no role: only the owner (the role
+-- that installed the facade) writes, as only PGMQ's owner writes its tables.
+CREATE FUNCTION pgmq._publish_view(view_name text, writes text DEFAULT '_read_only', queue_name text DEFAULT NULL)
+RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    EXECUTE format('CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON pgmq.%I'
-                   ' FOR EACH ROW EXECUTE FUNCTION pgmq._read_only()', view_name);
+    EXECUTE format('CREATE TRIGGER writes INSTEAD OF INSERT OR UPDATE OR DELETE ON pgmq.%I'
+                   ' FOR EACH ROW EXECUTE FUNCTION pgmq.%I(%L)', view_name, writes, queue_name);
     -- its readers as pgqueue.role_grant says (q_* and a_*: the operator's,
     -- as peek is; meta: the consumer's and the operator's, as list_queues)
     PERFORM pgqueue._grant_relation(format('pgmq.%I', view_name)::regclass);
+END
+$$;
+
+-- The writes PGMQ's users make to a queue's table, on its view (the queue's
+-- pgqueue name is the trigger's argument), each the facade's function that
+-- does the same, so every pgqueue rule holds as for a call: an UPDATE of vt
+-- is pgmq.set_vt (unfenced, as PGMQ's; read_ct and so poison drops are not
+-- touched), a DELETE is pgmq.delete (an ack: a barrier's member counts), an
+-- INSERT of message, headers and vt is pgmq.send with vt as its delay (the
+-- header rule applies; pgqueue draws msg_id, read_ct and enqueued_at). A
+-- change to any other column is refused (0A000): a message is as it was
+-- sent. A row gone meanwhile (acked by another) is not counted.
+CREATE FUNCTION pgmq._write_queue_view() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queue text := TG_ARGV[0];
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RETURN CASE WHEN pgmq.delete(v_queue, OLD.msg_id) THEN OLD END;
+    ELSIF TG_OP = 'UPDATE' THEN
+        IF (NEW.msg_id, NEW.read_ct, NEW.enqueued_at, NEW.last_read_at, NEW.message, NEW.headers)
+           IS DISTINCT FROM (OLD.msg_id, OLD.read_ct, OLD.enqueued_at, OLD.last_read_at, OLD.message, OLD.headers) THEN
+            RAISE EXCEPTION 'pgmq.%: only vt can be updated, a message is as it was sent', TG_TABLE_NAME
+                USING ERRCODE = '0A000',
+                      HINT = 'To deliver something else, delete the message and send another (pgmq.send).';
+        END IF;
+        IF NEW.vt IS NULL THEN
+            RAISE EXCEPTION 'vt must not be NULL' USING ERRCODE = '22004';
+        END IF;
+        IF NEW.vt IS NOT DISTINCT FROM OLD.vt THEN
+            RETURN NEW;
+        END IF;
+        RETURN (SELECT NEW FROM pgmq.set_vt(v_queue, OLD.msg_id, NEW.vt) LIMIT 1);
+    END IF;
+    IF (NEW.msg_id, NEW.read_ct, NEW.enqueued_at, NEW.last_read_at) IS DISTINCT FROM (NULL, NULL, NULL, NULL) THEN
+        RAISE EXCEPTION 'pgmq.%: an insert gives message, headers and vt only', TG_TABLE_NAME
+            USING ERRCODE = '0A000',
+                  HINT = 'pgqueue draws msg_id, read_ct and enqueued_at, as pgmq.send does.';
+    END IF;
+    SELECT s, 0, clock_timestamp() INTO NEW.msg_id, NEW.read_ct, NEW.enqueued_at
+      FROM pgmq.send(v_queue, NEW.message, NEW.headers, coalesce(NEW.vt, clock_timestamp())) AS s;
+    RETURN NEW;
+END
+$$;
+
+-- A DELETE from a queue's archive view removes the archived rows (PGMQ's
+-- users trim their archives so); archived rows are not changed or added.
+CREATE FUNCTION pgmq._write_archive_view() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP <> 'DELETE' THEN
+        RAISE EXCEPTION 'pgmq.%: archived messages are not changed or added', TG_TABLE_NAME
+            USING ERRCODE = '0A000', HINT = 'Archive a live message with pgmq.archive; DELETE removes archived rows.';
+    END IF;
+    DELETE FROM pgqueue.archive a
+     WHERE a.queue_id = (SELECT q.queue_id FROM pgqueue.queue q WHERE q.queue_name = TG_ARGV[0])
+       AND a.msg_id = OLD.msg_id;
+    RETURN CASE WHEN FOUND THEN OLD END;
 END
 $$;
 
@@ -237,17 +330,19 @@ BEGIN
                    '         OR (m.read_ct = 0 AND m.vt <= m.enqueued_at AND m.group_key IS NULL) IS NOT TRUE)',
                    v_q, queue_id);
     EXECUTE format('COMMENT ON VIEW pgmq.%I IS %L', v_q,
-                   format('Live messages of pgqueue queue %s (read-only; the pgmq facade, docs/pgmq.md)',
+                   format('Live messages of pgqueue queue %s (the pgmq facade: an UPDATE of vt is pgmq.set_vt,'
+                          ' a DELETE pgmq.delete, an INSERT pgmq.send; docs/pgmq.md)',
                           queue_name));
-    PERFORM pgmq._publish_view(v_q);
+    PERFORM pgmq._publish_view(v_q, '_write_queue_view', queue_name);
     EXECUTE format('CREATE VIEW pgmq.%I AS'
                    ' SELECT a.msg_id, a.read_ct, a.enqueued_at, a.last_read_at, a.archived_at, a.vt,'
                    '        a.message, a.headers'
                    '   FROM pgqueue.archive a WHERE a.queue_id = %s', v_a, queue_id);
     EXECUTE format('COMMENT ON VIEW pgmq.%I IS %L', v_a,
-                   format('Archived messages of pgqueue queue %s (read-only; the pgmq facade, docs/pgmq.md)',
+                   format('Archived messages of pgqueue queue %s (the pgmq facade: a DELETE removes the'
+                          ' archived row; docs/pgmq.md)',
                           queue_name));
-    PERFORM pgmq._publish_view(v_a);
+    PERFORM pgmq._publish_view(v_a, '_write_archive_view', queue_name);
 END
 $$;
 
@@ -345,7 +440,7 @@ DECLARE
     v_name text := pgmq._name(queue_name);
     v_held text;  -- the PGMQ name recorded for the queue, if any
 BEGIN
-    PERFORM pgmq.validate_queue_name(queue_name);
+    PERFORM pgmq._check_name(queue_name);
     PERFORM pgmq.acquire_queue_lock(v_name);
     SELECT n.pgmq_name INTO v_held
       FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name
@@ -366,16 +461,26 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = v_name) THEN
         PERFORM pgqueue.create_queue(v_name, max_attempts => 2147483647);
+    ELSE
+        -- what PGMQ's CREATE ... IF NOT EXISTS print for a queue that exists
+        RAISE NOTICE 'relation "%" already exists, skipping', lower('q_' || queue_name);
+        RAISE NOTICE 'relation "%" already exists, skipping', lower('a_' || queue_name);
+        RAISE NOTICE 'relation "%" already exists, skipping', lower('q_' || queue_name) || '_vt_idx';
+        RAISE NOTICE 'relation "%" already exists, skipping', 'archived_at_idx_' || queue_name;
     END IF;
 END
 $$;
 
+-- The creates check as PGMQ's do, in PGMQ's order and on the lines of
+-- PGMQ's (so an error prints PGMQ's text and CONTEXT): the name's characters
+-- (format_table_name, declaring the table names), then its length
+-- (validate_queue_name); then pgmq._create.
 CREATE FUNCTION pgmq.create(queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    PERFORM pgmq._create(queue_name);
+    PERFORM pgmq.create_non_partitioned(queue_name);
 END
 $$;
 
@@ -383,21 +488,46 @@ CREATE FUNCTION pgmq.create_non_partitioned(queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    qtable text := pgmq.format_table_name(queue_name, 'q');
+    atable text := pgmq.format_table_name(queue_name, 'a');
+    -- the names of the queue's views
 BEGIN
+    PERFORM pgmq.validate_queue_name(queue_name);
     PERFORM pgmq._create(queue_name);
 END
 $$;
 
--- pgqueue's tables are logged: an unlogged queue is an ordinary one here.
+-- pgqueue's tables are logged: an unlogged queue is an ordinary one here,
+-- as durable as any (more than asked).
 CREATE FUNCTION pgmq.create_unlogged(queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    qtable text := pgmq.format_table_name(queue_name, 'q');
+    atable text := pgmq.format_table_name(queue_name, 'a');
+    -- the names of the queue's views
 BEGIN
+    PERFORM pgmq.validate_queue_name(queue_name);
     PERFORM pgmq._create(queue_name);
 END
 $$;
 
+-- What PGMQ raises for a partitioned queue on a database without pg_partman.
+CREATE FUNCTION pgmq._ensure_pg_partman_installed() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
+        RAISE EXCEPTION 'pg_partman is required for partitioned queues';
+    END IF;
+END
+$$;
+
+-- PGMQ's checks, in its order and on its lines: the name, then pg_partman
+-- (without it, PGMQ's error), then premake. With pg_partman: refused.
 CREATE FUNCTION pgmq.create_partitioned(
     queue_name text,
     partition_interval text DEFAULT '10000',
@@ -406,7 +536,21 @@ CREATE FUNCTION pgmq.create_partitioned(
 ) RETURNS void
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    -- PGMQ's checks come first, each on the line of PGMQ's: the name's
+    -- characters (declaring the views' names, line 5), ...
+    qtable text := pgmq.format_table_name(queue_name, 'q');
+    atable text := pgmq.format_table_name(queue_name, 'a');
+    -- ... then from line 11 its length, the lock, pg_partman (line 13)
+    -- and premake. Where pg_partman is installed, pgqueue refuses the
+    -- queue (0A000).
 BEGIN
+    PERFORM pgmq.validate_queue_name(queue_name);
+    PERFORM pgmq.acquire_queue_lock(queue_name);
+    PERFORM pgmq._ensure_pg_partman_installed();
+    IF premake < 1 THEN
+        RAISE EXCEPTION 'premake must be at least 1, got %', premake;
+    END IF;
     RAISE EXCEPTION 'pgqueue has no partitioned queues: cannot create % partitioned', quote_nullable(queue_name)
         USING ERRCODE = '0A000',
               HINT = 'Create it with pgmq.create(queue_name): one table holds every queue''s messages, and the'
@@ -437,13 +581,14 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
+    qtable text := pgmq.format_table_name(queue_name, 'q');  -- PGMQ's check of the characters
     v_name text := pgmq._name(queue_name);
 BEGIN
     PERFORM pgmq.acquire_queue_lock(v_name);
     IF pgqueue.drop_queue(v_name) THEN
         RETURN true;
     END IF;
-    RAISE NOTICE 'queue % does not exist', quote_nullable(queue_name);
+    RAISE NOTICE 'pgmq queue `%` does not exist', queue_name;
     RETURN false;
 END
 $$;
@@ -454,8 +599,10 @@ CREATE FUNCTION pgmq.drop_queue(queue_name text, partitioned boolean) RETURNS bo
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    qtable text := pgmq.format_table_name(queue_name, 'q');  -- PGMQ's check of the characters
 BEGIN
-    RAISE WARNING 'pgmq.drop_queue(queue_name, partitioned) is deprecated: call pgmq.drop_queue(queue_name)';
+    RAISE WARNING 'drop_queue(queue_name, partitioned) is deprecated and will be removed in PGMQ v2.0. Use drop_queue(queue_name) instead';
     PERFORM pgmq.drop_queue(queue_name);
     RETURN true;
 END
@@ -476,7 +623,7 @@ CREATE FUNCTION pgmq.detach_archive(queue_name text) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    RAISE WARNING 'pgmq.detach_archive(queue_name) is deprecated and does nothing';
+    RAISE WARNING 'detach_archive(queue_name) is deprecated and is a no-op. It will be removed in PGMQ v2.0. Archive tables are no longer member objects.';
 END
 $$;
 
@@ -507,12 +654,18 @@ $$;
 -- total_messages is every msg_id the queue handed out (its sequence's
 -- position), as PGMQ counts. default_partition_length is NULL: no partitions.
 CREATE FUNCTION pgmq.metrics(queue_name text) RETURNS pgmq.metrics_result
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    r pgmq.metrics_result;
+BEGIN
     SELECT metrics.queue_name, m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec, m.total_messages,
            m.scrape_time, m.visible_length, NULL::bigint
+      INTO r
       FROM pgqueue._metrics(pgqueue._queue(pgmq._name(metrics.queue_name))) m;
+    RETURN r;
+END
 $$;
 
 CREATE FUNCTION pgmq.metrics_all() RETURNS SETOF pgmq.metrics_result
@@ -545,7 +698,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, group_key => headers ->> 'x-pgmq-group');
+    RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, group_key => pgqueue._pgmq_group(headers ->> 'x-pgmq-group'));
 END
 $$;
 
@@ -573,7 +726,7 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
     RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, CASE WHEN delay < 0 THEN 0 ELSE delay END,
-                             group_key => headers ->> 'x-pgmq-group');
+                             group_key => pgqueue._pgmq_group(headers ->> 'x-pgmq-group'));
 END
 $$;
 
@@ -583,20 +736,30 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
     RETURN NEXT pgqueue.send(queue_name, coalesce(msg, 'null'), headers, pgmq._delay_seconds(delay),
-                             group_key => headers ->> 'x-pgmq-group');
+                             group_key => pgqueue._pgmq_group(headers ->> 'x-pgmq-group'));
 END
 $$;
 
--- PGMQ refuses an empty batch (22023).
-CREATE FUNCTION pgmq._empty_batch() RETURNS void
-LANGUAGE plpgsql AS $$
+-- PGMQ's checks of a batch, with its errors (P0001, its texts): msgs NULL
+-- or empty, headers given but not one per message. The sends call it only
+-- when one fails (the checks are inline), so a good batch pays nothing.
+CREATE FUNCTION pgmq._validate_batch_params(msgs jsonb[], headers jsonb[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
 BEGIN
-    RAISE EXCEPTION 'msgs must hold at least one message' USING ERRCODE = '22023';
+    IF msgs IS NULL OR array_length(msgs, 1) IS NULL THEN
+        RAISE EXCEPTION 'msgs cannot be NULL or empty';
+    END IF;
+    IF headers IS NOT NULL AND coalesce(array_length(headers, 1), 0) <> array_length(msgs, 1) THEN
+        RAISE EXCEPTION 'headers array length (%) must match msgs array length (%)',
+            coalesce(array_length(headers, 1), 0), array_length(msgs, 1);
+    END IF;
 END
 $$;
 
 -- A batch's bodies as pgqueue stores them: PGMQ stores a NULL body as SQL
--- NULL; here it is JSON null (None to a client). A NULL batch is an empty one.
+-- NULL; here it is JSON null (None to a client).
 CREATE FUNCTION pgmq._bodies(msgs jsonb[]) RETURNS jsonb[]
 LANGUAGE sql IMMUTABLE
 AS $$
@@ -611,14 +774,14 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    IF cardinality(msgs) = 0 THEN
-        PERFORM pgmq._empty_batch();
+    IF msgs IS NULL OR cardinality(msgs) = 0 OR cardinality(headers) <> cardinality(msgs) THEN
+        PERFORM pgmq._validate_batch_params(msgs, headers);
     END IF;
     RETURN QUERY
     SELECT * FROM pgqueue.send_batch(
                queue_name, pgmq._bodies(msgs), headers, CASE WHEN delay < 0 THEN 0 ELSE delay END,
                group_keys => CASE WHEN headers IS NOT NULL THEN
-                                 ARRAY(SELECT h ->> 'x-pgmq-group'
+                                 ARRAY(SELECT pgqueue._pgmq_group(h ->> 'x-pgmq-group')
                                          FROM unnest(headers) WITH ORDINALITY AS u (h, i) ORDER BY u.i)
                              END);
 END
@@ -630,8 +793,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    IF cardinality(msgs) = 0 THEN
-        PERFORM pgmq._empty_batch();
+    IF msgs IS NULL OR cardinality(msgs) = 0 THEN
+        PERFORM pgmq._validate_batch_params(msgs, NULL);
     END IF;
     RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs));
 END
@@ -651,8 +814,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    IF cardinality(msgs) = 0 THEN
-        PERFORM pgmq._empty_batch();
+    IF msgs IS NULL OR cardinality(msgs) = 0 THEN
+        PERFORM pgmq._validate_batch_params(msgs, NULL);
     END IF;
     RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, CASE WHEN delay < 0 THEN 0 ELSE delay END);
 END
@@ -663,8 +826,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    IF cardinality(msgs) = 0 THEN
-        PERFORM pgmq._empty_batch();
+    IF msgs IS NULL OR cardinality(msgs) = 0 THEN
+        PERFORM pgmq._validate_batch_params(msgs, NULL);
     END IF;
     RETURN QUERY SELECT * FROM pgqueue.send_batch(queue_name, pgmq._bodies(msgs), NULL, pgmq._delay_seconds(delay));
 END
@@ -881,6 +1044,8 @@ $$;
 -- notify_throttle_ms (0: every send).
 ------------------------------------------------------------------------------
 
+-- The notify functions check as PGMQ's do, with its errors (P0001, its
+-- texts) and its notice for a queue that did not notify.
 CREATE FUNCTION pgmq.enable_notify_insert(queue_name text, throttle_interval_ms integer DEFAULT 250)
 RETURNS void
 LANGUAGE plpgsql
@@ -890,15 +1055,19 @@ AS $$
 DECLARE
     q pgqueue.queue;
 BEGIN
+    IF enable_notify_insert.throttle_interval_ms < 0 THEN
+        RAISE EXCEPTION 'throttle_interval_ms must be non-negative';
+    END IF;
     PERFORM pgqueue._require_nonnegative('throttle_interval_ms', enable_notify_insert.throttle_interval_ms);
+    IF NOT EXISTS (SELECT 1 FROM pgqueue.queue WHERE queue_name = pgmq._name(enable_notify_insert.queue_name)) THEN
+        RAISE EXCEPTION 'Queue "%" does not exist. Create it first using pgmq.create()', enable_notify_insert.queue_name;
+    END IF;
+    PERFORM pgmq.disable_notify_insert(enable_notify_insert.queue_name);
     UPDATE pgqueue.queue
        SET notify_channel = pgmq._channel(pgmq._pgmq_name(queue_name)),
            notify_throttle_ms = enable_notify_insert.throttle_interval_ms
      WHERE queue_name = pgmq._name(enable_notify_insert.queue_name)
     RETURNING * INTO q;
-    IF NOT FOUND THEN
-        PERFORM pgqueue._queue(pgmq._name(enable_notify_insert.queue_name));  -- raises PGQ01
-    END IF;
     DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;  -- the next send notifies
 END
 $$;
@@ -912,13 +1081,20 @@ AS $$
 DECLARE
     q pgqueue.queue;
 BEGIN
+    IF update_notify_insert.throttle_interval_ms < 0 THEN
+        RAISE EXCEPTION 'throttle_interval_ms must be non-negative, got: %', update_notify_insert.throttle_interval_ms;
+    END IF;
     PERFORM pgqueue._require_nonnegative('throttle_interval_ms', update_notify_insert.throttle_interval_ms);
-    q := pgqueue._queue(pgmq._name(update_notify_insert.queue_name));
+    SELECT * INTO q FROM pgqueue.queue WHERE queue_name = pgmq._name(update_notify_insert.queue_name);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'Queue "%" does not exist. Create the queue first using pgmq.create()',
+            update_notify_insert.queue_name;
+    END IF;
     UPDATE pgqueue.queue SET notify_throttle_ms = update_notify_insert.throttle_interval_ms
      WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue % does not notify on insert', q.queue_name
-            USING ERRCODE = '22023', HINT = 'Enable it first with pgmq.enable_notify_insert().';
+        RAISE EXCEPTION 'Queue "%" does not have notify_insert enabled. Enable it first using pgmq.enable_notify_insert()',
+            update_notify_insert.queue_name;
     END IF;
     DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;
 END
@@ -934,6 +1110,11 @@ DECLARE
 BEGIN
     UPDATE pgqueue.queue SET notify_channel = NULL, notify_throttle_ms = 0
      WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
+    IF NOT FOUND THEN
+        -- what PGMQ's DROP TRIGGER IF EXISTS prints
+        RAISE NOTICE 'trigger "trigger_notify_queue_insert_listeners" for relation "%" does not exist, skipping',
+            'pgmq.' || lower('q_' || disable_notify_insert.queue_name);
+    END IF;
     DELETE FROM pgqueue.notify_sent WHERE queue_id = q.queue_id;
 END
 $$;
@@ -951,6 +1132,14 @@ AS $$
      WHERE q.notify_channel IS NOT NULL
      ORDER BY 1;
 $$;
+
+-- PGMQ's table of the queues that notify, which its tests and tools read:
+-- a read-only view of the same rows.
+CREATE VIEW pgmq.notify_insert_throttle AS
+    SELECT t.queue_name::varchar AS queue_name, t.throttle_interval_ms, t.last_notified_at
+      FROM pgmq.list_notify_insert_throttles() t;
+COMMENT ON VIEW pgmq.notify_insert_throttle IS
+    'pgqueue''s queues that notify on insert, as PGMQ keeps them (read-only; the pgmq facade, docs/pgmq.md)';
 
 ------------------------------------------------------------------------------
 -- Privileges: the facade's rows of pgqueue.role_grant, the one role model
@@ -981,7 +1170,9 @@ SELECT 'pgmq.' || f, r, 'function'
        ) AS a (r, fs), unnest(a.fs) AS f;
 INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
     ('pgmq.meta', '{pgqueue_consumer,pgqueue_operator}', 'relation'),
+    ('pgmq.notify_insert_throttle', '{pgqueue_consumer,pgqueue_operator}', 'relation'),
     ('pgmq.q_*', '{pgqueue_operator}', 'relation'),
     ('pgmq.a_*', '{pgqueue_operator}', 'relation'),
     ('pgmq.queue_name_map', '{}', 'relation');
+SELECT pgmq._publish_view('notify_insert_throttle');
 SELECT pgqueue.grant_roles();

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from support.pgmq import queue_views as views
 
 from pgqueue._pgmq import install
 
@@ -79,12 +80,6 @@ def notices(conn: Conn) -> list[tuple[str | None, str | None, str]]:
 
 def sql_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def views(conn: Conn) -> set[str]:
-    return {r[0] for r in rows(conn, "SELECT viewname FROM pg_views WHERE schemaname = 'pgmq'")} - {
-        "meta"
-    }
 
 
 def pgqueue_row(conn: Conn, queue: str, msg_id: int) -> tuple[Any, ...]:
@@ -234,16 +229,37 @@ def test_racing_creates_of_one_name_make_one_queue(facade: str, conn: Conn) -> N
     assert views(conn) == {"q_race.q", "a_race.q"}
 
 
+BAD_CHARACTERS = "queue name contains invalid characters: $, ;, --, or \\'"
+TOO_LONG = "queue name is too long, maximum length is 47 characters"
+
+
 @pytest.mark.parametrize(
-    "name",
-    ["", "x; DROP TABLE pgqueue.message", "a--b", "it's", "$x", "a" * 48, "\u00e9" * 31],
+    "name, code, says",
+    [
+        # PGMQ's refusals, with PGMQ's error
+        ("x; DROP TABLE pgqueue.message", "P0001", BAD_CHARACTERS),
+        ("a--b", "P0001", BAD_CHARACTERS),
+        ("it's", "P0001", BAD_CHARACTERS),
+        ("$x", "P0001", BAD_CHARACTERS),
+        ("a" * 48, "P0001", TOO_LONG),
+        # pgqueue's own: a queue has a name, and its views' names fit in an identifier
+        ("", "22023", "invalid queue name"),
+        ("\u00e9" * 31, "22023", "invalid queue name"),
+    ],
 )
-def test_a_name_pgmq_refuses_is_refused_clearly(conn: Conn, name: str) -> None:
-    for fn in ("create", "create_non_partitioned", "create_unlogged", "validate_queue_name"):
+def test_a_name_pgmq_refuses_is_refused_clearly(
+    conn: Conn, name: str, code: str, says: str
+) -> None:
+    for fn in ("create", "create_non_partitioned", "create_unlogged"):
         with pytest.raises(psycopg.Error) as err:
             conn.execute(f"SELECT pgmq.{fn}(%s)", (name,))
-        assert err.value.sqlstate == "22023"
-        assert "invalid queue name" in str(err.value)
+        assert err.value.sqlstate == code
+        assert err.value.diag.message_primary == says or says in str(err.value)
+    # PGMQ's validate_queue_name checks the length alone
+    if says == TOO_LONG:
+        assert sqlstate(conn, "SELECT pgmq.validate_queue_name(%s)", name) == "P0001"
+    else:
+        conn.execute("SELECT pgmq.validate_queue_name(%s)", (name,))
     assert one(conn, "SELECT count(*) FROM pgqueue.queue") == 0
     assert one(conn, "SELECT count(*) FROM pgmq.queue_name_map") == 0
 
@@ -270,14 +286,20 @@ def test_validate_queue_name_accepts_what_pgmq_accepts(conn: Conn) -> None:
 
 def test_format_table_name_is_pgmqs(conn: Conn) -> None:
     assert one(conn, "SELECT pgmq.format_table_name('Jobs', 'a')") == "a_jobs"
-    assert sqlstate(conn, "SELECT pgmq.format_table_name('a;b', 'q')") == "22023"
-    assert sqlstate(conn, "SELECT pgmq.format_table_name('a--b', 'q')") == "22023"
+    assert sqlstate(conn, "SELECT pgmq.format_table_name('a;b', 'q')") == "P0001"
+    assert sqlstate(conn, "SELECT pgmq.format_table_name('a--b', 'q')") == "P0001"
 
 
 def test_partitioned_queues_are_refused_pointing_at_create(conn: Conn) -> None:
+    # without pg_partman in the database, PGMQ's own error
     for query in (
         "SELECT pgmq.create_partitioned('p')",
         "SELECT pgmq.create_partitioned('p', '1 day', '7 days', 2)",
+    ):
+        with pytest.raises(psycopg.errors.RaiseException) as raised:
+            conn.execute(query)
+        assert raised.value.diag.message_primary == "pg_partman is required for partitioned queues"
+    for query in (
         "SELECT pgmq.convert_archive_partitioned('p')",
         "SELECT pgmq.convert_archive_partitioned('p', '10000', '100000', 10)",
     ):
@@ -301,7 +323,7 @@ def test_drop_purge_detach_and_fifo_indexes(conn: Conn) -> None:
     conn.execute("SELECT pgmq.detach_archive('d')")
     conn.execute("SELECT pgmq.create_fifo_index('d')")
     conn.execute("SELECT pgmq.create_fifo_indexes_all()")
-    assert sqlstate(conn, "SELECT pgmq.create_fifo_index('nope')") == "PGQ01"
+    assert sqlstate(conn, "SELECT pgmq.create_fifo_index('nope')") == "42P01"
     assert one(conn, "SELECT pgmq.drop_queue('d')") is True
     assert one(conn, "SELECT pgmq.drop_queue('d')") is False
     conn.execute("SELECT pgmq.create('d2')")
@@ -374,22 +396,6 @@ def test_views_show_live_and_archived_messages_with_pgmqs_columns(conn: Conn) ->
     (archived,) = cur.fetchall()
     assert archived[0] == ids[0] and archived[1] == 1 and archived[3] is not None
     assert archived[4] is not None and archived[6] == 1
-
-
-def test_the_views_are_read_only(conn: Conn) -> None:
-    conn.execute("SELECT pgmq.create('ro')")
-    conn.execute("SELECT * FROM pgmq.send('ro', '{}')")
-    for query in (
-        "INSERT INTO pgmq.q_ro (msg_id, read_ct, enqueued_at, vt, message)"
-        " VALUES (9, 0, now(), now(), '{}')",
-        "UPDATE pgmq.q_ro SET vt = now()",
-        "DELETE FROM pgmq.q_ro",
-        "UPDATE pgmq.meta SET created_at = now()",
-    ):
-        with pytest.raises(psycopg.errors.FeatureNotSupported) as err:
-            conn.execute(query)
-        assert "read-only view" in str(err.value)
-    assert one(conn, "SELECT count(*) FROM pgqueue.message") == 1
 
 
 def test_a_hostile_queue_name_reaches_the_views_quoted(conn: Conn) -> None:
@@ -481,18 +487,21 @@ def test_headers_that_are_not_an_object_are_refused(conn: Conn) -> None:
             )
             == "22023"
         )
-    assert sqlstate(conn, "SELECT * FROM pgmq.send_batch('h', ARRAY[]::jsonb[])") == "22023"
+    # PGMQ's checks of a batch, with its errors
+    assert sqlstate(conn, "SELECT * FROM pgmq.send_batch('h', ARRAY[]::jsonb[])") == "P0001"
     assert (
         sqlstate(
             conn,
             "SELECT * FROM pgmq.send_batch('h', ARRAY['1','2']::jsonb[], ARRAY['{}']::jsonb[])",
         )
-        == "22023"
+        == "P0001"
     )
     assert one(conn, "SELECT count(*) FROM pgqueue.message") == 0
 
 
-def test_an_unknown_queue_is_PGQ01_everywhere(conn: Conn) -> None:
+def test_an_unknown_queue_is_pgmqs_error_through_the_facade_and_PGQ01_through_pgqueue(
+    conn: Conn,
+) -> None:
     for query in (
         "SELECT * FROM pgmq.send('nope', '{}')",
         "SELECT * FROM pgmq.send_batch('nope', ARRAY['{}']::jsonb[])",
@@ -506,9 +515,23 @@ def test_an_unknown_queue_is_PGQ01_everywhere(conn: Conn) -> None:
         "SELECT * FROM pgmq.set_vt('nope', ARRAY[1]::bigint[], now())",
         "SELECT * FROM pgmq.metrics('nope')",
         "SELECT pgmq.purge_queue('nope')",
-        "SELECT pgmq.enable_notify_insert('nope')",
         "SELECT pgmq.disable_notify_insert('nope')",
+    ):
+        with pytest.raises(psycopg.errors.UndefinedTable) as err:
+            conn.execute(query)
+        assert err.value.diag.message_primary == 'relation "pgmq.q_nope" does not exist', query
+    for query in (
+        "SELECT pgmq.enable_notify_insert('nope')",
         "SELECT pgmq.update_notify_insert('nope', 5)",
+    ):
+        with pytest.raises(psycopg.errors.RaiseException) as raised:
+            conn.execute(query)
+        assert (raised.value.diag.message_primary or "").startswith('Queue "nope" does not exist.')
+    # pgqueue's own functions keep pgqueue's error, also inside a caller's function
+    for query in (
+        "SELECT pgqueue.send('nope', '{}')",
+        "SELECT * FROM pgqueue.read('nope', 30, 1)",
+        "SELECT pgqueue.metrics('nope')",
     ):
         assert sqlstate(conn, query) == "PGQ01", query
 
@@ -885,9 +908,9 @@ def test_notify_reaches_pgmq_listeners_on_sends_through_pgqueue(conn: Conn) -> N
         listener.execute('LISTEN "pgmq.q_pq.INSERT"')
         conn.execute("SELECT pgqueue.send('pq', '{}', delay => 5)")
         assert drain(listener) == ["pgmq.q_pq.INSERT"]
-    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', -5)") == "22023"
+    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', -5)") == "P0001"
     conn.execute("SELECT pgmq.disable_notify_insert('pq')")
-    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', 5)") == "22023"
+    assert sqlstate(conn, "SELECT pgmq.update_notify_insert('pq', 5)") == "P0001"
 
 
 # --- privileges -------------------------------------------------------------------

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from support.db import run_threads
+from support.pgmq import queue_views as views
 
 from pgqueue._migrate import migrate
 from pgqueue._pgmq import PgmqImportRefused, import_pgmq, status
@@ -71,12 +72,6 @@ def refusal(conn: Conn, query: str, *params: Any) -> psycopg.Error:
     with pytest.raises(psycopg.Error) as err:
         conn.execute(query, params or None)
     return err.value
-
-
-def views(conn: Conn) -> set[str]:
-    return {r[0] for r in rows(conn, "SELECT viewname FROM pg_views WHERE schemaname = 'pgmq'")} - {
-        "meta"
-    }
 
 
 @pytest.fixture

@@ -142,3 +142,9 @@ def either_dsn(request: pytest.FixtureRequest) -> str:
     fixture = "real_pgmq_dsn" if request.param == "real" else "facade_dsn"
     dsn: Any = request.getfixturevalue(fixture)
     return str(dsn)
+
+
+def queue_views(conn: psycopg.Connection[Any]) -> set[str]:
+    """The queues' views in schema pgmq: every view but meta and notify_insert_throttle."""
+    cur = conn.execute("SELECT viewname FROM pg_views WHERE schemaname = 'pgmq'")
+    return {r[0] for r in cur.fetchall()} - {"meta", "notify_insert_throttle"}
