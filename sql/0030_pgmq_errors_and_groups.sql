@@ -71,3 +71,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 THEN 'pgmq-group:' || encode(sha256(convert_to(x_pgmq_group, 'UTF8')), 'hex')
                 ELSE x_pgmq_group END;
 $$;
+
+-- Internal functions: granted to no one (pgqueue.role_grant has no rows for
+-- them); grant_roles takes PUBLIC's default EXECUTE away.
+SELECT pgqueue.grant_roles();
