@@ -1106,8 +1106,14 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    q pgqueue.queue := pgqueue._queue(pgmq._name(disable_notify_insert.queue_name));
+    q pgqueue.queue;
 BEGIN
+    SELECT * INTO q FROM pgqueue.queue WHERE queue_name = pgmq._name(disable_notify_insert.queue_name);
+    IF NOT FOUND THEN
+        -- what PGMQ's DROP TRIGGER IF EXISTS prints for a table that does not exist
+        RAISE NOTICE 'relation "%" does not exist, skipping', 'pgmq.' || lower('q_' || disable_notify_insert.queue_name);
+        RETURN;
+    END IF;
     UPDATE pgqueue.queue SET notify_channel = NULL, notify_throttle_ms = 0
      WHERE queue_id = q.queue_id AND notify_channel IS NOT NULL;
     IF NOT FOUND THEN

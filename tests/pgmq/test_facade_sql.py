@@ -515,7 +515,6 @@ def test_an_unknown_queue_is_pgmqs_error_through_the_facade_and_PGQ01_through_pg
         "SELECT * FROM pgmq.set_vt('nope', ARRAY[1]::bigint[], now())",
         "SELECT * FROM pgmq.metrics('nope')",
         "SELECT pgmq.purge_queue('nope')",
-        "SELECT pgmq.disable_notify_insert('nope')",
     ):
         with pytest.raises(psycopg.errors.UndefinedTable) as err:
             conn.execute(query)
