@@ -558,6 +558,11 @@ BEGIN
 END
 $$;
 
+-- What PGMQ does on a database without pg_partman, as its clients and tests
+-- meet it: a queue that does not exist is a NOTICE (PGMQ's words, its stray
+-- 's' included); an existing one fails where PGMQ's would ask pg_partman's
+-- schema (22004), after PGMQ's notice for an index name too long to keep.
+-- With pg_partman: refused.
 CREATE FUNCTION pgmq.convert_archive_partitioned(
     table_name text,
     partition_interval text DEFAULT '10000',
@@ -565,8 +570,22 @@ CREATE FUNCTION pgmq.convert_archive_partitioned(
     leading_partition integer DEFAULT 10
 ) RETURNS void
 LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+DECLARE
+    a_table_name text := pgmq.format_table_name(table_name, 'a');
+    v_index text := 'archived_at_idx_' || table_name || '_old';
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = pgmq._name(table_name)) THEN
+        RAISE NOTICE 'Table %s does not exists', a_table_name;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
+        IF octet_length(v_index) > 63 THEN
+            RAISE NOTICE 'identifier "%" will be truncated to "%"', v_index, left(v_index, 63);
+        END IF;
+        RAISE EXCEPTION 'null values cannot be formatted as an SQL identifier' USING ERRCODE = '22004';
+    END IF;
     RAISE EXCEPTION 'pgqueue has no partitioned archives: cannot convert the archive of %', quote_nullable(table_name)
         USING ERRCODE = '0A000',
               HINT = 'pgqueue keeps every queue''s archive in one table; trim it with pgqueue.purge_archive'
@@ -748,9 +767,13 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- each RAISE on the line of PGMQ's (5 and 11), for the CONTEXT psql prints
     IF msgs IS NULL OR array_length(msgs, 1) IS NULL THEN
         RAISE EXCEPTION 'msgs cannot be NULL or empty';
     END IF;
+
+    -- headers, where given, one per message (an empty array counts
+    -- as none given only when msgs is empty too: refused above)
     IF headers IS NOT NULL AND coalesce(array_length(headers, 1), 0) <> array_length(msgs, 1) THEN
         RAISE EXCEPTION 'headers array length (%) must match msgs array length (%)',
             coalesce(array_length(headers, 1), 0), array_length(msgs, 1);
@@ -857,6 +880,21 @@ $$;
 -- Reading: every read is pgqueue._take_by_name, checked and paused as pgqueue.read.
 ------------------------------------------------------------------------------
 
+-- A read's qty: PGMQ's reads take it as a LIMIT, so a negative one is the
+-- server's error for a negative LIMIT (2201W); NULL is refused (22004),
+-- where PGMQ's LIMIT NULL would read every visible message.
+CREATE FUNCTION pgmq._require_limit(qty integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF qty < 0 THEN
+        RAISE EXCEPTION 'LIMIT must not be negative' USING ERRCODE = '2201W';
+    END IF;
+    PERFORM pgqueue._require_nonnegative('qty', qty);
+END
+$$;
+
 -- Leases up to qty visible messages for vt seconds, those whose message
 -- contains `conditional` when it is not '{}'. FIFO groups are honoured (at
 -- most one message of a group, its oldest); a message past the queue's
@@ -869,7 +907,7 @@ AS $$
 BEGIN
     -- a negative vt is a lease that ends in the past, as in PGMQ (visible at once)
     IF qty IS NULL OR qty < 0 THEN
-        PERFORM pgqueue._require_nonnegative('qty', qty);
+        PERFORM pgmq._require_limit(qty);
     END IF;
     RETURN QUERY SELECT * FROM pgqueue._take_by_name(queue_name, vt, qty, false, nullif(conditional, '{}'));
 END
@@ -897,7 +935,7 @@ DECLARE
     v_told boolean := false;
 BEGIN
     -- a negative vt is a lease that ends in the past, as in PGMQ (visible at once)
-    PERFORM pgqueue._require_nonnegative('qty', qty);
+    PERFORM pgmq._require_limit(qty);
     PERFORM pgqueue._require_nonnegative('max_poll_seconds', max_poll_seconds);
     PERFORM pgqueue._require_nonnegative('poll_interval_ms', poll_interval_ms);
     q := pgqueue._queue(pgmq._name(queue_name));
@@ -928,7 +966,7 @@ SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
     IF qty IS NULL OR qty < 0 THEN
-        PERFORM pgqueue._require_nonnegative('qty', qty);
+        PERFORM pgmq._require_limit(qty);
     END IF;
     RETURN QUERY
     SELECT t.msg_id, t.read_ct - 1, t.enqueued_at, t.last_read_at, t.vt, t.message, t.headers

@@ -49,6 +49,9 @@ CASES = {
     "set_vt": "SELECT * FROM pgmq.set_vt('missing', 1::bigint, 5)",
     "metrics": "SELECT * FROM pgmq.metrics('missing')",
     "purge": "SELECT pgmq.purge_queue('missing')",
+    "read, negative qty": "SELECT * FROM pgmq.read('q', 30, -1)",
+    "read_with_poll, negative qty": "SELECT * FROM pgmq.read_with_poll('q', 30, -1, 1, 10)",
+    "pop, negative qty": "SELECT * FROM pgmq.pop('q', -1)",
     "drop": "SELECT pgmq.drop_queue('missing')",
     "drop, deprecated form": "SELECT pgmq.drop_queue('q', true)",
     "detach_archive": "SELECT pgmq.detach_archive('q')",
@@ -81,6 +84,12 @@ CASES = {
     "partitioned": "SELECT pgmq.create_partitioned('p')",
     "partitioned, too long": "SELECT pgmq.create_partitioned(repeat('p', 48))",
     "partitioned, bad name": "SELECT pgmq.create_partitioned('p$')",
+    "archive converted": "SELECT pgmq.convert_archive_partitioned('q')",
+    "archive converted, long name": (
+        "SELECT pgmq.create('long_queue_name_123456789012345678901234567890');"
+        " SELECT pgmq.convert_archive_partitioned('long_queue_name_123456789012345678901234567890')"
+    ),
+    "archive of a missing queue converted": "SELECT pgmq.convert_archive_partitioned('missing')",
 }
 
 
