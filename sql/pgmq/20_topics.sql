@@ -5,7 +5,8 @@
 -- Every statement is idempotent; an upgrade drops schema pgmq, installs
 -- again and carries the rows of topic_bindings over (pgqueue/_pgmq.py).
 -- It uses 10_facade.sql's name mapping (pgmq._name: PGMQ's name to pgqueue's
--- queue; pgmq._pgmq_name: back) and pgmq._delay_seconds.
+-- queue; pgmq._pgmq_name: back), pgmq._delay_seconds and PGMQ's batch check
+-- pgmq._validate_batch_params.
 --
 -- A binding says: a message sent with a routing key that matches `pattern`
 -- goes to queue `queue_name`. Routing keys are dot-separated words of
@@ -15,11 +16,26 @@
 -- including where they differ from AMQP's: `logs.#` does not match `logs`, and
 -- `a.#.b` does not match `a.b` (docs/pgmq.md, "Topics").
 --
+-- Errors are PGMQ's: its checks in its order, raised as it raises them (a
+-- plain RAISE EXCEPTION: SQLSTATE P0001, its text, no hint), and PGMQ's
+-- clients and its regression file match on the texts. psql prints a CONTEXT
+-- line per function on the stack, naming the function, the statement and the
+-- line of the function's body: so the functions call each other as PGMQ's
+-- do (send_topic's and send_batch_topic's short forms call the long one,
+-- the long forms call validate_routing_key, bind_topic validate_topic_pattern,
+-- send_batch_topic pgmq._validate_batch_params, each by PGMQ's statement
+-- text), and every RAISE and PERFORM of theirs is on the line of PGMQ's.
+-- Mind the line numbers when editing a function body here. What pgqueue
+-- refuses beyond PGMQ comes after PGMQ's checks: the header rule (no _pg_
+-- key; headers a JSON object), enforced even when no queue is bound, so a
+-- refusal never depends on routing (docs/security.md).
+--
 -- Why matching through a regular expression is safe: a pattern can only reach
--- the table through the CHECK below, which admits [A-Za-z0-9._*#-] and nothing
--- else, and compiled_regex maps each of those characters to a fixed piece of
--- regex (`.` is escaped); routing keys are validated before they are matched
--- and are only ever the subject of `~`, never the regex. No dynamic SQL here.
+-- the table through the CHECK below, which is validate_topic_pattern (it
+-- admits [A-Za-z0-9._*#-] and nothing else), and compiled_regex maps each of
+-- those characters to a fixed piece of regex (`.` is escaped); routing keys
+-- are validated before they are matched and are only ever the subject of `~`,
+-- never the regex. No dynamic SQL here.
 --
 -- Why a binding cannot outlive its queue: a trigger on pgqueue.queue deletes a
 -- dropped queue's bindings in the dropping transaction (pgqueue.drop_queue and
@@ -28,61 +44,134 @@
 -- waits for the binding and then deletes it, or commits first and bind_topic
 -- finds no queue.
 
--- NULL when `value` is a valid routing key (wildcards false) or topic pattern
--- (wildcards true); else what is wrong with it, for the 22023 error.
-CREATE OR REPLACE FUNCTION pgmq._topic_problem(what text, value text, wildcards boolean) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE
-        WHEN value IS NULL OR value = '' THEN what || ' must not be NULL or empty'
-        WHEN length(value) > 255 THEN format('%s is %s characters long; at most 255', what, length(value))
-        WHEN value !~ CASE WHEN wildcards THEN '^[A-Za-z0-9._*#-]+$' ELSE '^[A-Za-z0-9._-]+$' END
-            THEN format('%s %s holds a character other than %s', what, to_json(value),
-                        CASE WHEN wildcards THEN 'letters, digits, ".", "_", "-", "*" and "#"'
-                             ELSE 'letters, digits, ".", "_" and "-"' END)
-        WHEN left(value, 1) = '.' OR right(value, 1) = '.' OR strpos(value, '..') > 0
-            THEN format('%s %s has an empty segment (a leading, trailing or doubled dot)', what, to_json(value))
-        WHEN strpos(value, '**') > 0 THEN format('%s %s has "**"; "#" matches many segments', what, to_json(value))
-        WHEN strpos(value, '##') > 0 THEN format('%s %s has "##"; one "#" is enough', what, to_json(value))
-        WHEN strpos(value, '*#') > 0 OR strpos(value, '#*') > 0
-            THEN format('%s %s has "*" next to "#"; put a dot between wildcards', what, to_json(value))
-    END;
-$$;
-
--- Raises 22023 unless routing_key is a valid routing key; true otherwise.
+-- True when routing_key is a valid routing key; else raises PGMQ's error.
 CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_problem text := pgmq._topic_problem('routing_key', routing_key, false);
 BEGIN
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION '%', v_problem USING ERRCODE = '22023',
-            HINT = 'A routing key is words of letters, digits, "_" and "-" joined by single dots, e.g. orders.eu.created.';
+    -- A routing key is what a message is sent with: dot-separated words of
+    -- ASCII letters, digits, '_' and '-', at most 255 characters, no
+    -- wildcards (those are for patterns). For instance:
+    --     orders.eu.created    accepted
+    --     orders..created      refused (an empty word)
+    --     orders.*             refused ('*' is a pattern's)
+    --
+    -- The checks run in PGMQ's order, so a key that breaks several rules
+    -- gets PGMQ's message for the first. Each RAISE is on the line of the
+    -- body where PGMQ's is (18, 22, ... 38), so the CONTEXT line psql prints
+    -- under the error ("... validate_routing_key(text) line 18 at RAISE")
+    -- is PGMQ's too: add no line above a RAISE without taking one away.
+    -- A key holding any other character is refused before it is ever the
+    -- subject of a regex match (test_routing, send_topic).
+    IF routing_key IS NULL OR routing_key = '' THEN
+        RAISE EXCEPTION 'routing_key cannot be NULL or empty';
     END IF;
+
+    IF length(routing_key) > 255 THEN
+        RAISE EXCEPTION 'routing_key length cannot exceed 255 characters, got % characters', length(routing_key);
+    END IF;
+
+    IF routing_key ~ '[^A-Za-z0-9._-]' THEN
+        RAISE EXCEPTION 'routing_key contains invalid characters. Only alphanumeric, dots, hyphens, and underscores are allowed. Got: %', routing_key;
+    END IF;
+
+    IF left(routing_key, 1) = '.' THEN
+        RAISE EXCEPTION 'routing_key cannot start with a dot. Got: %', routing_key;
+    END IF;
+
+    IF right(routing_key, 1) = '.' THEN
+        RAISE EXCEPTION 'routing_key cannot end with a dot. Got: %', routing_key;
+    END IF;
+
+    IF strpos(routing_key, '..') > 0 THEN
+        RAISE EXCEPTION 'routing_key cannot contain consecutive dots. Got: %', routing_key;
+    END IF;
+
     RETURN true;
 END
 $$;
 
--- Raises 22023 unless pattern is a valid topic pattern; true otherwise.
+-- True when pattern is a valid topic pattern; else raises PGMQ's error.
 CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_problem text := pgmq._topic_problem('pattern', pattern, true);
 BEGIN
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION '%', v_problem USING ERRCODE = '22023',
-            HINT = 'A pattern is a routing key whose words may be "*" (one word) or "#" (any words), e.g. orders.*.created or orders.#.';
+    -- A pattern is a routing key whose words may hold wildcards: '*' (one or
+    -- more characters other than a dot) and '#' (any run of characters,
+    -- dots included, possibly none). For instance:
+    --     orders.*.created     accepted
+    --     orders.#             accepted (matches orders.eu.created, not orders)
+    --     #                    accepted (matches every key)
+    --     orders.**            refused ('#' is the wildcard for many words)
+    --     orders.*#            refused (two wildcards side by side)
+    --
+    -- As in validate_routing_key: PGMQ's checks in PGMQ's order, each RAISE
+    -- on the line of PGMQ's (21, 25, ... 53) for PGMQ's CONTEXT line. The
+    -- table's CHECK is this function too (pgmq._is_topic_pattern), so no
+    -- row can hold a pattern this refuses: compiled_regex, built from the
+    -- pattern's characters, relies on it.
+    --
+    -- Keep the line count above each RAISE: the first is on line 21 of the
+    -- body (line 1 is the rest of the line that opens the body).
+    IF pattern IS NULL OR pattern = '' THEN
+        RAISE EXCEPTION 'pattern cannot be NULL or empty';
     END IF;
+
+    IF length(pattern) > 255 THEN
+        RAISE EXCEPTION 'pattern length cannot exceed 255 characters, got % characters', length(pattern);
+    END IF;
+
+    IF pattern ~ '[^A-Za-z0-9._*#-]' THEN
+        RAISE EXCEPTION 'pattern contains invalid characters. Only alphanumeric, dots, hyphens, underscores, *, and # are allowed. Got: %', pattern;
+    END IF;
+
+    IF left(pattern, 1) = '.' THEN
+        RAISE EXCEPTION 'pattern cannot start with a dot. Got: %', pattern;
+    END IF;
+
+    IF right(pattern, 1) = '.' THEN
+        RAISE EXCEPTION 'pattern cannot end with a dot. Got: %', pattern;
+    END IF;
+
+    IF strpos(pattern, '..') > 0 THEN
+        RAISE EXCEPTION 'pattern cannot contain consecutive dots. Got: %', pattern;
+    END IF;
+
+    IF strpos(pattern, '**') > 0 THEN
+        RAISE EXCEPTION 'pattern cannot contain consecutive stars (**). Use # for multi-segment matching. Got: %', pattern;
+    END IF;
+
+    IF strpos(pattern, '##') > 0 THEN
+        RAISE EXCEPTION 'pattern cannot contain consecutive hashes (##). A single # already matches zero or more segments. Got: %', pattern;
+    END IF;
+
+    IF strpos(pattern, '*#') > 0 OR strpos(pattern, '#*') > 0 THEN
+        RAISE EXCEPTION 'pattern cannot contain adjacent wildcards (*# or #*). Separate wildcards with dots. Got: %', pattern;
+    END IF;
+
     RETURN true;
+END
+$$;
+
+-- The table's CHECK: whether validate_topic_pattern accepts pattern (one
+-- rule for bind_topic and the table, so neither can drift from the other).
+CREATE OR REPLACE FUNCTION pgmq._is_topic_pattern(pattern text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE  -- not PARALLEL SAFE: the EXCEPTION block is a subtransaction
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN pgmq.validate_topic_pattern(pattern);
+EXCEPTION
+    WHEN raise_exception THEN
+        RETURN false;
 END
 $$;
 
 CREATE TABLE IF NOT EXISTS pgmq.topic_bindings (
     pattern text NOT NULL
-        CONSTRAINT topic_bindings_pattern_valid CHECK (pgmq._topic_problem('pattern', pattern, true) IS NULL),
+        CONSTRAINT topic_bindings_pattern_valid CHECK (pgmq._is_topic_pattern(pattern)),
     queue_name text NOT NULL,
     bound_at timestamptz NOT NULL DEFAULT now(),
     -- The regex a routing key must match, as PGMQ shows it: anchored, `.`
@@ -128,36 +217,44 @@ CREATE OR REPLACE TRIGGER pgmq_topic_bindings_of_dropped_queue
 -- Binds pattern to queue_name (an existing queue); binding twice is a no-op.
 -- The table holds pgqueue's name of the queue (pgmq._name), which the drop
 -- trigger matches; the functions show PGMQ's (pgmq._pgmq_name), as
--- list_queues does.
+-- list_queues does. The queue row stays locked FOR KEY SHARE until commit: a
+-- concurrent drop_queue cannot slip between the check and the insert (see
+-- the header). An unknown queue is PGMQ's error, with the name as given.
 CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    PERFORM pgmq.validate_topic_pattern(bind_topic.pattern);
-    IF bind_topic.queue_name IS NULL OR bind_topic.queue_name = '' THEN
-        RAISE EXCEPTION 'queue_name must not be NULL or empty' USING ERRCODE = '22023';
+    PERFORM pgmq.validate_topic_pattern(pattern);
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'queue_name cannot be NULL or empty';
     END IF;
-    -- KEY SHARE until commit: a concurrent drop_queue cannot slip between this
-    -- check and the insert (see the header). Raises PGQ01 for no such queue.
-    PERFORM pgqueue._queue_locked(pgmq._name(bind_topic.queue_name));
+    PERFORM FROM pgqueue.queue q WHERE q.queue_name = pgmq._name(bind_topic.queue_name) FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'Queue "%" does not exist. Create the queue first using pgmq.create()', queue_name;
+    END IF;
     INSERT INTO pgmq.topic_bindings AS b (pattern, queue_name)
     VALUES (bind_topic.pattern, pgmq._name(bind_topic.queue_name))
     ON CONFLICT ON CONSTRAINT topic_bindings_unique_pattern_queue DO NOTHING;
 END
 $$;
 
--- Removes the binding of pattern to queue_name; whether there was one.
+-- Removes the binding of pattern to queue_name; whether there was one. The
+-- pattern is not validated (a binding that cannot exist is simply not
+-- found), as in PGMQ.
 CREATE OR REPLACE FUNCTION pgmq.unbind_topic(pattern text, queue_name text) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
+-- Both arguments are required; each RAISE is on the line of PGMQ's (6 and
+-- 10), for PGMQ's CONTEXT line.
 BEGIN
-    IF unbind_topic.pattern IS NULL OR unbind_topic.pattern = '' THEN
-        RAISE EXCEPTION 'pattern must not be NULL or empty' USING ERRCODE = '22023';
+    IF pattern IS NULL OR pattern = '' THEN
+        RAISE EXCEPTION 'pattern cannot be NULL or empty';
     END IF;
-    IF unbind_topic.queue_name IS NULL OR unbind_topic.queue_name = '' THEN
-        RAISE EXCEPTION 'queue_name must not be NULL or empty' USING ERRCODE = '22023';
+
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'queue_name cannot be NULL or empty';
     END IF;
     DELETE FROM pgmq.topic_bindings b
      WHERE b.pattern = unbind_topic.pattern AND b.queue_name = pgmq._name(unbind_topic.queue_name);
@@ -172,7 +269,7 @@ LANGUAGE plpgsql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 BEGIN
-    PERFORM pgmq.validate_routing_key(test_routing.routing_key);
+    PERFORM pgmq.validate_routing_key(routing_key);
     RETURN QUERY
     SELECT b.pattern, pgmq._pgmq_name(b.queue_name), b.compiled_regex
       FROM pgmq.topic_bindings b
@@ -222,8 +319,11 @@ $$;
 -- Sends msg to every queue bound by a pattern routing_key matches (once per
 -- queue, even when several of its patterns match), through the facade's
 -- pgmq.send (so through pgqueue.send: the x-pgmq-group header names the
--- message's FIFO group, notify-on-insert fires), as PGMQ's send_topic does. The number of queues
--- sent to; 0 when none matched. All or nothing: one failing send fails all.
+-- message's FIFO group, notify-on-insert fires), as PGMQ's send_topic does.
+-- The number of queues sent to; 0 when none matched. All or nothing: one
+-- failing send fails all. A NULL delay is refused by the send (22004) when a
+-- queue matched, and sends nothing otherwise, as in PGMQ (which raises
+-- 23502 there).
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -233,114 +333,108 @@ DECLARE
     v_queue text;
     v_sent integer := 0;
 BEGIN
-    PERFORM pgmq.validate_routing_key(send_topic.routing_key);
-    IF send_topic.msg IS NULL THEN
-        RAISE EXCEPTION 'msg must not be NULL' USING ERRCODE = '22004',
-            HINT = 'Send a JSON value; use ''null''::jsonb for a JSON null.';
+    PERFORM pgmq.validate_routing_key(routing_key);
+    -- PGMQ's checks, on PGMQ's lines (9 and 13); a JSON null is 'null'::jsonb
+    IF msg IS NULL THEN
+        RAISE EXCEPTION 'msg cannot be NULL';
     END IF;
-    PERFORM pgqueue._require_nonnegative('delay', send_topic.delay);
-    -- the header rule holds when no queue is bound too: a refusal never depends on routing
-    PERFORM pgqueue._require_headers(send_topic.headers);
-    FOR v_queue IN SELECT t.queue_name FROM pgmq._topic_queues(send_topic.routing_key) t LOOP
-        PERFORM pgmq.send(v_queue, send_topic.msg, send_topic.headers, send_topic.delay);
+    -- refused here, though pgmq.send takes a negative delay as none
+    IF delay < 0 THEN
+        RAISE EXCEPTION 'delay cannot be negative, got: %', delay;
+    END IF;
+    -- pgqueue's header rule, also when no queue is bound
+    PERFORM pgqueue._require_headers(headers);
+    FOR v_queue IN SELECT t.queue_name FROM pgmq._topic_queues(routing_key) t LOOP
+        PERFORM pgmq.send(v_queue, msg, headers, delay);
         v_sent := v_sent + 1;
     END LOOP;
     RETURN v_sent;
 END
 $$;
 
+-- The short forms call the long one by PGMQ's statement (its CONTEXT line).
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb) RETURNS integer
-LANGUAGE sql AS $$
-    SELECT pgmq.send_topic($1, $2, NULL::jsonb, 0);
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN pgmq.send_topic(routing_key, msg, NULL, 0);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, delay integer) RETURNS integer
-LANGUAGE sql AS $$
-    SELECT pgmq.send_topic($1, $2, NULL::jsonb, $3);
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN pgmq.send_topic(routing_key, msg, NULL, delay);
+END
 $$;
 
 -- Each queue bound by a pattern routing_key matches gets the whole batch
 -- through the facade's pgmq.send_batch (so pgqueue.send_batch: ids in input
 -- order, each message's x-pgmq-group header its FIFO group, a NULL body JSON
--- null, a negative delay none, as for pgmq.send_batch), queues by name. The other
--- overloads come here, a timestamp delay rounded up to whole seconds from now
--- by pgmq._delay_seconds (10_facade.sql), as pgmq.send does. PGMQ
--- refuses an empty batch: so do we. All or nothing.
-CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay integer)
+-- null), queues by name. As in PGMQ this form, with a timestamp delay, is
+-- the one the others call (an integer delay as clock_timestamp() plus that
+-- many seconds); the delay becomes whole seconds from now, rounded up, once
+-- for all queues (pgmq._delay_seconds, as pgmq.send does), a time past being
+-- none. PGMQ's checks first (the routing key, then the batch: msgs neither
+-- NULL nor empty, headers NULL or one per message), then pgqueue's header
+-- rule. A NULL delay is refused by the send (22004) when a queue matched,
+-- and sends nothing otherwise, as in PGMQ (which raises 23502 there). All
+-- or nothing.
+CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[],
+                                                 delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
 DECLARE
-    v_queue record;
+    v_queue record; v_seconds integer;  -- a queue it goes to; the delay, in seconds from now
 BEGIN
-    PERFORM pgmq.validate_routing_key(send_batch_topic.routing_key);
-    IF send_batch_topic.msgs IS NULL OR cardinality(send_batch_topic.msgs) = 0 THEN
-        RAISE EXCEPTION 'msgs must not be NULL or empty' USING ERRCODE = '22023';
+    PERFORM pgmq.validate_routing_key(routing_key);
+    -- PGMQ's checks of a batch, once for all queues, in 10_facade.sql; the
+    -- PERFORM on line 8, as PGMQ's, for its CONTEXT line
+    PERFORM pgmq._validate_batch_params(msgs, headers);
+    IF headers IS NOT NULL THEN  -- pgqueue's header rule, also when no queue is bound
+        PERFORM pgqueue._require_headers(h) FROM unnest(headers) h;
     END IF;
-    IF send_batch_topic.headers IS NOT NULL
-       AND cardinality(send_batch_topic.headers) <> cardinality(send_batch_topic.msgs) THEN
-        RAISE EXCEPTION 'headers has % elements but msgs has %',
-            cardinality(send_batch_topic.headers), cardinality(send_batch_topic.msgs)
-            USING ERRCODE = '22023', HINT = 'Pass one headers value per message, or NULL for none.';
-    END IF;
-    IF send_batch_topic.delay IS NULL THEN
-        RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    IF send_batch_topic.headers IS NOT NULL THEN
-        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch_topic.headers) h;
-    END IF;
-    FOR v_queue IN SELECT * FROM pgmq._topic_queues(send_batch_topic.routing_key) LOOP
+    v_seconds := pgmq._delay_seconds(delay);
+    FOR v_queue IN SELECT * FROM pgmq._topic_queues(routing_key) LOOP
         RETURN QUERY
         SELECT v_queue.pgmq_name, s.id
-          FROM pgmq.send_batch(v_queue.queue_name, send_batch_topic.msgs, send_batch_topic.headers,
-                               send_batch_topic.delay) AS s (id);
+          FROM pgmq.send_batch(v_queue.queue_name, msgs, headers, v_seconds) AS s (id);
     END LOOP;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[],
-                                                 delay timestamptz)
-RETURNS TABLE (queue_name text, msg_id bigint)
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp  -- for pgmq._delay_seconds
-AS $$
-BEGIN
-    IF send_batch_topic.delay IS NULL THEN
-        RAISE EXCEPTION 'delay must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    IF send_batch_topic.headers IS NOT NULL THEN
-        PERFORM pgqueue._require_headers(h) FROM unnest(send_batch_topic.headers) h;
-    END IF;
-    RETURN QUERY
-    SELECT * FROM pgmq.send_batch_topic(
-        $1, $2, $3,
-        pgmq._delay_seconds($4));
-END
-$$;
-
+-- The other forms, as PGMQ's: plain SQL calling the one above.
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[])
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE sql AS $$
-    SELECT * FROM pgmq.send_batch_topic($1, $2, NULL::jsonb[], 0);
+    SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, NULL, clock_timestamp());
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[])
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE sql AS $$
-    SELECT * FROM pgmq.send_batch_topic($1, $2, $3, 0);
+    SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, headers, clock_timestamp());
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], delay integer)
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE sql AS $$
-    SELECT * FROM pgmq.send_batch_topic($1, $2, NULL::jsonb[], $3);
+    SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, NULL, clock_timestamp() + make_interval(secs => delay));
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE sql AS $$
-    SELECT * FROM pgmq.send_batch_topic($1, $2, NULL::jsonb[], $3);
+    SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, NULL, delay);
+$$;
+
+CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay integer)
+RETURNS TABLE (queue_name text, msg_id bigint)
+LANGUAGE sql AS $$
+    SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, headers, clock_timestamp() + make_interval(secs => delay));
 $$;
 
 -- Rights, as pgqueue.role_grant says (10_facade.sql): sending by topic is

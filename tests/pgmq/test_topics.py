@@ -3,11 +3,14 @@
 Each function on its own; the matching rules against a small model of PGMQ's
 `*`/`#` (hypothesis); the same calls against real PGMQ give the same results
 (a differential test); bindings go away with their queue, also when the drop
-races the bind or the send; hostile patterns and keys are refused (22023).
+races the bind or the send; hostile patterns and keys are refused. Every error
+PGMQ's suites check is raised as real PGMQ raises it: SQLSTATE P0001, PGMQ's
+text, no hint, and the CONTEXT lines psql prints (differential tests, below).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -92,22 +95,27 @@ def real_messages(
     return sorted(out)
 
 
-def raises_22023(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...]) -> bool:
-    """Whether the statement fails with invalid_parameter_value (else it must succeed)."""
-    try:
-        conn.execute(query, params)
-    except errors.InvalidParameterValue:
-        return True
-    return False
+Failure = tuple[str | None, str | None, str | None, str | None, str | None, list[str]]
 
 
-def raises(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...]) -> bool:
-    """Whether the statement fails at all (real PGMQ raises P0001 for everything)."""
+def failure(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Failure | None:
+    """What the statement raises, as psql shows it: (SQLSTATE, message, detail, hint,
+    context, the notices before it); None when it succeeds. Rolled back either way."""
+    said: list[str] = []
+
+    def keep(d: psycopg.errors.Diagnostic) -> None:
+        said.append(f"{d.severity_nonlocalized}: {d.message_primary}")
+
+    conn.add_notice_handler(keep)
     try:
-        conn.execute(query, params)
-    except psycopg.Error:
-        return True
-    return False
+        with conn.transaction(force_rollback=True):
+            conn.execute(query, params)
+    except psycopg.Error as exc:
+        d = exc.diag
+        return (d.sqlstate, d.message_primary, d.message_detail, d.message_hint, d.context, said)
+    finally:
+        conn.remove_notice_handler(keep)
+    return None
 
 
 # -- the matching rules ---------------------------------------------------------
@@ -233,9 +241,9 @@ def test_validation_agrees_with_the_model_and_real_pgmq(
         return  # text cannot hold NUL at all
     for func, wildcards in (("validate_routing_key", False), ("validate_topic_pattern", True)):
         query = f"SELECT pgmq.{func}(%s)"
-        expected_invalid = not model_valid(value, wildcards)
-        assert raises_22023(conn, query, (value,)) is expected_invalid, (func, value)
-        assert raises(real, query, (value,)) is expected_invalid, (func, value)
+        got = failure(conn, query, (value,))
+        assert (got is not None) is (not model_valid(value, wildcards)), (func, value)
+        assert got == failure(real, query, (value,)), (func, value)  # PGMQ's error exactly
 
 
 # -- each function ----------------------------------------------------------------
@@ -292,15 +300,15 @@ HOSTILE = [
 ]
 
 
-def test_validate_routing_key_accepts_or_refuses_with_22023(conn: psycopg.Connection[Any]) -> None:
+def test_validate_routing_key_accepts_or_raises_pgmqs_p0001(conn: psycopg.Connection[Any]) -> None:
     for key in VALID_KEYS:
         assert conn.execute("SELECT pgmq.validate_routing_key(%s)", (key,)).fetchone() == (True,)
     for bad in [*INVALID_KEYS, *HOSTILE, None]:
-        with pytest.raises(errors.InvalidParameterValue, match="routing_key"):
+        with pytest.raises(errors.RaiseException, match=r"^routing_key "):
             conn.execute("SELECT pgmq.validate_routing_key(%s)", (bad,))
 
 
-def test_validate_topic_pattern_accepts_or_refuses_with_22023(
+def test_validate_topic_pattern_accepts_or_raises_pgmqs_p0001(
     conn: psycopg.Connection[Any],
 ) -> None:
     for pattern in VALID_PATTERNS:
@@ -308,7 +316,7 @@ def test_validate_topic_pattern_accepts_or_refuses_with_22023(
             True,
         )
     for bad in [*INVALID_PATTERNS, *HOSTILE, None]:
-        with pytest.raises(errors.InvalidParameterValue, match="pattern"):
+        with pytest.raises(errors.RaiseException, match=r"^pattern "):
             conn.execute("SELECT pgmq.validate_topic_pattern(%s)", (bad,))
 
 
@@ -316,14 +324,14 @@ def test_hostile_patterns_and_keys_change_nothing(conn: psycopg.Connection[Any])
     create_queue(conn, "q")
     conn.execute("SELECT pgmq.bind_topic('#', 'q')")
     for value in HOSTILE:
-        with pytest.raises(errors.InvalidParameterValue):
+        with pytest.raises(errors.RaiseException, match=r"^pattern "):
             conn.execute("SELECT pgmq.bind_topic(%s, 'q')", (value,))
         for query in (
             "SELECT pgmq.send_topic(%s, '{}')",
             "SELECT * FROM pgmq.test_routing(%s)",
             "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['{}'::jsonb])",
         ):
-            with pytest.raises(errors.InvalidParameterValue):
+            with pytest.raises(errors.RaiseException, match=r"^routing_key "):
                 conn.execute(query, (value,))
         assert conn.execute("SELECT pgmq.unbind_topic(%s, 'q')", (value,)).fetchone() == (False,)
     assert bindings(conn) == [("#", "q", "^.*$")]
@@ -360,12 +368,13 @@ def test_queue_names_are_lowercased_as_the_facade_does(conn: psycopg.Connection[
     assert conn.execute("SELECT pgmq.unbind_topic('k', 'MiXeD')").fetchone() == (True,)
 
 
-def test_bind_topic_to_a_missing_queue_raises_pgq01(conn: psycopg.Connection[Any]) -> None:
-    with pytest.raises(psycopg.Error) as info:
+def test_bind_topic_to_a_missing_queue_raises_pgmqs_error(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(errors.RaiseException, match=r'^Queue "nope" does not exist\.'):
         conn.execute("SELECT pgmq.bind_topic('a.*', 'nope')")
-    assert info.value.sqlstate == "PGQ01"
     for queue in (None, ""):
-        with pytest.raises(errors.InvalidParameterValue, match="queue_name"):
+        with pytest.raises(
+            errors.RaiseException, match=r"^queue_name cannot be NULL or empty(\n|$)"
+        ):
             conn.execute("SELECT pgmq.bind_topic('a.*', %s)", (queue,))
     assert bindings(conn) == []
 
@@ -377,7 +386,7 @@ def test_unbind_topic_says_whether_it_removed_a_binding(conn: psycopg.Connection
     assert conn.execute("SELECT pgmq.unbind_topic('a.*', 'q')").fetchone() == (False,)
     assert conn.execute("SELECT pgmq.unbind_topic('a.*', 'other')").fetchone() == (False,)
     for args in (("", "q"), (None, "q"), ("a.*", ""), ("a.*", None)):
-        with pytest.raises(errors.InvalidParameterValue):
+        with pytest.raises(errors.RaiseException, match="cannot be NULL or empty"):
             conn.execute("SELECT pgmq.unbind_topic(%s, %s)", args)
 
 
@@ -449,12 +458,14 @@ def test_send_topic_delays_and_validates(conn: psycopg.Connection[Any]) -> None:
         "  FROM pgqueue.message m ORDER BY msg_id"
     ).fetchall()
     assert delays == [(30,), (5,)]
-    with pytest.raises(errors.InvalidParameterValue):
+    with pytest.raises(errors.RaiseException, match=r"^delay cannot be negative, got: -1(\n|$)"):
         conn.execute("SELECT pgmq.send_topic('k', '1', -1)")
-    with pytest.raises(errors.NullValueNotAllowed):
+    with pytest.raises(errors.RaiseException, match=r"^msg cannot be NULL(\n|$)"):
         conn.execute("SELECT pgmq.send_topic('k', NULL)")
-    with pytest.raises(errors.InvalidParameterValue):  # pgqueue.send's reserved header keys
-        conn.execute("SELECT pgmq.send_topic('k', '1', %s, 0)", (Jsonb({"_pg_x": 1}),))
+    # pgqueue's own refusals (none in PGMQ): a reserved header key, anywhere it is routed
+    for key in ("k", "routed.nowhere"):
+        with pytest.raises(errors.InvalidParameterValue, match='header "_pg_x" is reserved'):
+            conn.execute("SELECT pgmq.send_topic(%s, '1', %s, 0)", (key, Jsonb({"_pg_x": 1})))
     assert len(facade_messages(conn)) == 2
 
 
@@ -544,12 +555,15 @@ def test_send_batch_topic_refuses_what_pgmq_refuses(conn: psycopg.Connection[Any
         ),
         ("SELECT * FROM pgmq.send_batch_topic('k.', ARRAY['1']::jsonb[])", ()),
     ]:
-        with pytest.raises(errors.InvalidParameterValue):
+        with pytest.raises(errors.RaiseException):
             conn.execute(query, params)
-    with pytest.raises(errors.NullValueNotAllowed):
-        conn.execute(
-            "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], NULL::timestamptz)"
-        )
+    # pgqueue's own refusal (none in PGMQ): a reserved header key, also when routed nowhere
+    for key in ("k", "none"):
+        with pytest.raises(errors.InvalidParameterValue, match='header "_pg_x" is reserved'):
+            conn.execute(
+                "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], %s::jsonb[], 0)",
+                (key, [Jsonb({"_pg_x": 1})]),
+            )
     assert (
         conn.execute("SELECT * FROM pgmq.send_batch_topic('none', ARRAY['1']::jsonb[])").fetchall()
         == []
@@ -647,7 +661,10 @@ def test_a_bind_after_a_drop_committed_finds_no_queue(
         _wait_for_lock_wait(conn, binder.info.backend_pid)
         dropper.commit()
         t.join(10)
-    assert isinstance(out[0], psycopg.Error) and out[0].sqlstate == "PGQ01"
+    assert isinstance(out[0], errors.RaiseException)
+    assert out[0].diag.message_primary == (
+        'Queue "a" does not exist. Create the queue first using pgmq.create()'
+    )
     assert bindings(conn) == []
 
 
@@ -846,26 +863,234 @@ def test_the_same_calls_give_the_same_results_as_real_pgmq(
     assert bindings(conn) == bindings(real)
 
 
-REFUSED_BY_BOTH = [
-    "SELECT pgmq.bind_topic('a..b', 'q')",
-    "SELECT pgmq.bind_topic('a.*', '')",
-    "SELECT pgmq.send_topic('k', '1', -1)",
-    "SELECT pgmq.send_topic('k', NULL)",
-    "SELECT pgmq.send_topic('', '1')",
-    "SELECT * FROM pgmq.send_batch_topic('k', ARRAY[]::jsonb[])",
-    "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], ARRAY['{}','{}']::jsonb[])",
-    "SELECT * FROM pgmq.test_routing('a.*')",
-    "SELECT pgmq.unbind_topic('', 'q')",
+# -- PGMQ's errors, exactly, against real PGMQ ----------------------------------------
+
+# Each rule of validate_routing_key, with what real PGMQ says for it (so each is
+# reached): a value that breaks two rules gets the first's error, in PGMQ's order.
+KEY_RULES: list[tuple[str | None, str]] = [
+    ("", "routing_key cannot be NULL or empty"),
+    (None, "routing_key cannot be NULL or empty"),
+    ("x" * 256, "routing_key length cannot exceed 255 characters, got 256 characters"),
+    ("." * 256, "routing_key length cannot exceed 255 characters"),
+    ("logs error", "routing_key contains invalid characters."),
+    ("logs.*", "routing_key contains invalid characters."),
+    ("logs.#", "routing_key contains invalid characters."),
+    ("logs.(foo|bar)", "routing_key contains invalid characters."),
+    ("lögs", "routing_key contains invalid characters."),
+    ("a\nb", "routing_key contains invalid characters."),
+    (".a b", "routing_key contains invalid characters."),
+    (".logs", "routing_key cannot start with a dot. Got: .logs"),
+    (".", "routing_key cannot start with a dot."),
+    ("..a.", "routing_key cannot start with a dot."),
+    ("logs.", "routing_key cannot end with a dot. Got: logs."),
+    ("a..b.", "routing_key cannot end with a dot."),
+    ("logs..error", "routing_key cannot contain consecutive dots. Got: logs..error"),
+]
+
+# Each rule of validate_topic_pattern likewise.
+PATTERN_RULES: list[tuple[str | None, str]] = [
+    ("", "pattern cannot be NULL or empty"),
+    (None, "pattern cannot be NULL or empty"),
+    ("#" * 256, "pattern length cannot exceed 255 characters, got 256 characters"),
+    ("logs.(foo|bar)", "pattern contains invalid characters."),
+    ("logs.[error]", "pattern contains invalid characters."),
+    ("logs.error$", "pattern contains invalid characters."),
+    ("a b", "pattern contains invalid characters."),
+    ("a.**!", "pattern contains invalid characters."),
+    (".logs.*", "pattern cannot start with a dot. Got: .logs.*"),
+    (".**", "pattern cannot start with a dot."),
+    ("logs.*.", "pattern cannot end with a dot. Got: logs.*."),
+    ("a..b", "pattern cannot contain consecutive dots. Got: a..b"),
+    ("logs..**", "pattern cannot contain consecutive dots."),
+    ("logs.**", "pattern cannot contain consecutive stars (**). Use # for multi-segment"),
+    ("**.##", "pattern cannot contain consecutive stars (**)."),
+    ("logs.##", "pattern cannot contain consecutive hashes (##). A single # already"),
+    ("##*", "pattern cannot contain consecutive hashes (##)."),
+    ("logs.*#", "pattern cannot contain adjacent wildcards (*# or #*). Separate"),
+    ("logs.#*", "pattern cannot contain adjacent wildcards (*# or #*)."),
+]
+
+# Every form that takes a routing key, with %s for it.
+KEY_TAKERS = [
+    "SELECT pgmq.validate_routing_key(%s)",
+    "SELECT * FROM pgmq.test_routing(%s)",
+    "SELECT pgmq.send_topic(%s, '1')",
+    "SELECT pgmq.send_topic(%s, '1', 0)",
+    "SELECT pgmq.send_topic(%s, '1', NULL, 0)",
+    "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[])",
+    "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], ARRAY['{}']::jsonb[])",
+    "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], 0)",
+    "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], now())",
+    "SELECT * FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], NULL, 0)",
+    "SELECT pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], NULL, now())",
+]
+
+# The other checks of the topic functions (each a statement, and what PGMQ says),
+# several in every form of the function, and a statement breaking two checks
+# getting the first's error. A reserved header key (pgqueue's refusal) comes
+# after PGMQ's checks: PGMQ's error wins.
+ARGUMENT_CHECKS: list[tuple[str, str]] = [
+    ("SELECT pgmq.bind_topic('a.*', '')", "queue_name cannot be NULL or empty"),
+    ("SELECT pgmq.bind_topic('a.*', NULL)", "queue_name cannot be NULL or empty"),
+    ("SELECT pgmq.bind_topic('a..b', '')", "pattern cannot contain consecutive dots."),
+    (
+        "SELECT pgmq.bind_topic('a.*', 'nope')",
+        'Queue "nope" does not exist. Create the queue first using pgmq.create()',
+    ),
+    ("SELECT pgmq.bind_topic('#', 'no;pe')", 'Queue "no;pe" does not exist.'),
+    ("SELECT pgmq.unbind_topic('', 'q')", "pattern cannot be NULL or empty"),
+    ("SELECT pgmq.unbind_topic(NULL, 'q')", "pattern cannot be NULL or empty"),
+    ("SELECT pgmq.unbind_topic('', NULL)", "pattern cannot be NULL or empty"),
+    ("SELECT pgmq.unbind_topic('a.*', '')", "queue_name cannot be NULL or empty"),
+    ("SELECT pgmq.unbind_topic('a.*', NULL)", "queue_name cannot be NULL or empty"),
+    ("SELECT pgmq.send_topic('k', NULL)", "msg cannot be NULL"),
+    ("SELECT pgmq.send_topic('k', NULL, 0)", "msg cannot be NULL"),
+    ("SELECT pgmq.send_topic('k', NULL, NULL, 0)", "msg cannot be NULL"),
+    ("SELECT pgmq.send_topic('k', NULL, -1)", "msg cannot be NULL"),
+    ("SELECT pgmq.send_topic('k', NULL, '{\"_pg_x\": 1}', 0)", "msg cannot be NULL"),
+    ("SELECT pgmq.send_topic('', NULL)", "routing_key cannot be NULL or empty"),
+    ("SELECT pgmq.send_topic('k', '1', -1)", "delay cannot be negative, got: -1"),
+    ("SELECT pgmq.send_topic('k', '1', NULL, -5)", "delay cannot be negative, got: -5"),
+    ("SELECT pgmq.send_topic('k', '1', '{\"_pg_x\": 1}', -1)", "delay cannot be negative"),
+    ("SELECT pgmq.send_batch_topic('k', NULL)", "msgs cannot be NULL or empty"),
+    ("SELECT * FROM pgmq.send_batch_topic('k', NULL)", "msgs cannot be NULL or empty"),
+    ("SELECT * FROM pgmq.send_batch_topic('k', ARRAY[]::jsonb[])", "msgs cannot be NULL or empty"),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY[]::jsonb[], ARRAY[]::jsonb[])",
+        "msgs cannot be NULL or empty",
+    ),
+    ("SELECT * FROM pgmq.send_batch_topic('k', NULL, 5)", "msgs cannot be NULL or empty"),
+    ("SELECT * FROM pgmq.send_batch_topic('k', NULL, now())", "msgs cannot be NULL or empty"),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', NULL, ARRAY['{}']::jsonb[], 5)",
+        "msgs cannot be NULL or empty",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY[]::jsonb[], NULL, now())",
+        "msgs cannot be NULL or empty",
+    ),
+    ("SELECT pgmq.send_batch_topic('', ARRAY[]::jsonb[])", "routing_key cannot be NULL or empty"),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], ARRAY['{}', '{}']::jsonb[])",
+        "headers array length (2) must match msgs array length (1)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1', '2']::jsonb[], ARRAY['{}']::jsonb[])",
+        "headers array length (1) must match msgs array length (2)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], ARRAY[]::jsonb[])",
+        "headers array length (0) must match msgs array length (1)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1']::jsonb[], ARRAY[]::jsonb[], 3)",
+        "headers array length (0) must match msgs array length (1)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch_topic('k', ARRAY['1', '2']::jsonb[],"
+        " ARRAY['{\"_pg_x\": 1}']::jsonb[], now())",
+        "headers array length (1) must match msgs array length (2)",
+    ),
 ]
 
 
-def test_what_real_pgmq_refuses_the_facade_refuses(
-    conn: psycopg.Connection[Any], real: psycopg.Connection[Any]
-) -> None:
+@pytest.fixture
+def both(conn: psycopg.Connection[Any], real: psycopg.Connection[Any]) -> list[Any]:
+    """The facade's connection and real PGMQ's, each with queue q bound to every key ('#'):
+    a check that came after the routing would send something."""
     for c in (conn, real):
         create_queue(c, "q")
         c.execute("SELECT pgmq.bind_topic('#', 'q')")
-    for query in REFUSED_BY_BOTH:
-        assert raises(real, query, ()), query
-        assert raises(conn, query, ()), query
+    return [conn, real]
+
+
+# The one frame of a topic function's CONTEXT that is not 20_topics.sql's: PGMQ's batch
+# check is 10_facade.sql's (shared with pgmq.send_batch), and the line of its RAISE is
+# that file's to keep; every other line of the CONTEXT is compared as psql prints it.
+BATCH_CHECK_LINE = re.compile(r"(?<=pgmq\._validate_batch_params\(jsonb\[\],jsonb\[\]\)) line \d+")
+
+
+def same_failures(
+    conn: psycopg.Connection[Any], real: psycopg.Connection[Any], calls: list[tuple[str, Any]]
+) -> list[str]:
+    """The calls that fail otherwise on the facade than on real PGMQ, each with both failures."""
+
+    def shown(f: Failure | None) -> Failure | None:
+        if f is None or f[4] is None:
+            return f
+        return (*f[:4], BATCH_CHECK_LINE.sub(" line ?", f[4]), f[5])
+
+    out = []
+    for query, params in calls:
+        mine, pgmqs = shown(failure(conn, query, params)), shown(failure(real, query, params))
+        if mine != pgmqs:
+            out.append(f"{query} {params!r}:\n  facade: {mine}\n  PGMQ:   {pgmqs}")
+    return out
+
+
+def test_each_routing_key_rule_raises_pgmqs_error_in_every_function_taking_a_key(
+    both: list[Any],
+) -> None:
+    conn, real = both
+    for value, says in KEY_RULES:
+        got = failure(real, "SELECT pgmq.validate_routing_key(%s)", (value,))
+        assert got is not None and got[0] == "P0001" and str(got[1]).startswith(says), got
+        assert got[2:4] == (None, None) and got[5] == [], got  # no detail, no hint, no notice
+    calls = [(q, (v,)) for v, _ in KEY_RULES for q in KEY_TAKERS]
+    assert same_failures(conn, real, calls) == []
+    assert facade_messages(conn) == []
+
+
+def test_each_pattern_rule_raises_pgmqs_error_in_validate_and_bind(both: list[Any]) -> None:
+    conn, real = both
+    for value, says in PATTERN_RULES:
+        got = failure(real, "SELECT pgmq.validate_topic_pattern(%s)", (value,))
+        assert got is not None and got[0] == "P0001" and str(got[1]).startswith(says), got
+    calls = [
+        (q, (v,))
+        for v, _ in PATTERN_RULES
+        for q in (
+            "SELECT pgmq.validate_topic_pattern(%s)",
+            "SELECT pgmq.bind_topic(%s, 'q')",
+            "SELECT pgmq.bind_topic(%s, '')",
+        )
+    ]
+    assert same_failures(conn, real, calls) == []
+    assert bindings(conn) == bindings(real) == [("#", "q", "^.*$")]
+
+
+def test_each_argument_check_raises_pgmqs_error(both: list[Any]) -> None:
+    conn, real = both
+    for query, says in ARGUMENT_CHECKS:
+        got = failure(real, query)
+        assert got is not None and got[0] == "P0001" and str(got[1]).startswith(says), got
+    assert same_failures(conn, real, [(q, None) for q, _ in ARGUMENT_CHECKS]) == []
+    assert facade_messages(conn) == []
+    assert bindings(conn) == bindings(real) == [("#", "q", "^.*$")]
+
+
+def test_a_null_delay_sends_nothing_unrouted_and_is_refused_routed(
+    conn: psycopg.Connection[Any], real: psycopg.Connection[Any]
+) -> None:
+    """As in PGMQ, a NULL delay is no error until a message is stored; then the facade's
+    send refuses it (22004, pgqueue's), where PGMQ's insert fails on its vt column (23502)."""
+    forms = [
+        "SELECT pgmq.send_topic(%s, '1', NULL, NULL)",
+        "SELECT count(*) FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], NULL::integer)",
+        "SELECT count(*) FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], NULL::timestamptz)",
+        "SELECT count(*) FROM pgmq.send_batch_topic(%s, ARRAY['1']::jsonb[], NULL, NULL::int)",
+    ]
+    for c in (conn, real):
+        create_queue(c, "q")
+        c.execute("SELECT pgmq.bind_topic('k', 'q')")
+    for query in forms:
+        assert (
+            conn.execute(query, ("none",)).fetchone()
+            == (0,)
+            == real.execute(query, ("none",)).fetchone()
+        )
+        with pytest.raises(errors.NullValueNotAllowed):
+            conn.execute(query, ("k",))
+        with pytest.raises(errors.NotNullViolation):
+            real.execute(query, ("k",))
     assert facade_messages(conn) == []
