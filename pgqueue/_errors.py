@@ -29,6 +29,7 @@ SQLSTATES: dict[str, str] = {
     "PGQ11": "(a NOTICE, not an error) a read found its queue paused and returned nothing",
     "22004": "a required argument is NULL",
     "22023": "an argument is out of range or malformed (a negative vt, a bad queue name, ...)",
+    "42P01": "(through the pgmq facade only) the named queue does not exist, in PGMQ's words",
     "55000": "a dedupe key (or a workflow's cancel) could not be settled: it kept changing hands",
     "55006": "a queue that open barriers call back into cannot be dropped",
 }
