@@ -729,6 +729,38 @@ BEGIN
 END
 $$;
 
+-- The poison drop of a read, for every read that hands messages out (_take,
+-- and the pgmq facade's grouped reads, sql/pgmq/15_grouped.sql): moves the
+-- messages that tids name (rows the caller has locked, whose attempts ran
+-- out) to the poison table with their reason, poisoned at dropped_at. One
+-- notice per message (_notice_poisoned), so the caller can log it: the rows
+-- a read returns are only the ones it delivered. And marks the transaction
+-- (pgqueue.read_poisoned), so a polling read returns instead of sleeping on
+-- the rows it now holds.
+CREATE FUNCTION pgqueue._drop_exhausted(q pgqueue.queue, tids tid[], dropped_at timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_dropped record;
+BEGIN
+    FOR v_dropped IN
+        WITH gone AS (
+            DELETE FROM pgqueue.message WHERE ctid = ANY (tids)
+            RETURNING *
+        )
+        INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
+                                    reason, message, headers, dedupe_key, group_key)
+        SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, _drop_exhausted.dropped_at,
+               pgqueue._exhausted_reason(g.read_ct, g.last_error),
+               g.message, g.headers, g.dedupe_key, g.group_key
+          FROM gone g
+        RETURNING msg_id, read_ct, reason
+    LOOP
+        PERFORM pgqueue._notice_poisoned(q.queue_name, v_dropped.msg_id, v_dropped.read_ct, v_dropped.reason);
+    END LOOP;
+    PERFORM set_config('pgqueue.read_poisoned', 'on', true);
+END
+$$;
+
 -- Hands out up to qty messages of queue q: leased for vt_seconds (a read), or
 -- deleted (remove, a pop); poison-drops the ones whose attempts ran out, with
 -- a notice for each. The read lanes, the floors and the late sweep are the
@@ -737,13 +769,16 @@ $$;
 --
 -- Groups. A message with a group_key is in neither lane: only the head of its
 -- group (its lowest live msg_id) can be handed out, and only while that head
--- is visible. So at most one message of a group is leased at any time (a
+-- is visible. So _take leases at most one message of a group at a time (a
 -- group's later messages wait until its head is acked, popped or poisoned),
 -- and a group is delivered in msg_id order, redeliveries and poison drops
 -- included; sends of a group draw their msg_ids in commit order (_lock_groups).
 -- The heads are found by a skip scan of message_group_idx (one probe per
 -- group), only for queues that ever had a group (queue.has_groups), and
--- compete with the lanes' rows by (vt, msg_id).
+-- compete with the lanes' rows by (vt, msg_id). The pgmq facade's grouped
+-- reads (PGMQ's read_grouped*, sql/pgmq/15_grouped.sql) lease a run of a
+-- group's messages to one reader, always from its head: while that lease
+-- runs the head is invisible, and _take hands out nothing of the group.
 --
 -- conditional (the pgmq facade's filtered read): only messages whose payload
 -- contains it (@>). Such a read takes some rows and leaves others, so it
@@ -825,7 +860,6 @@ DECLARE
     v_round_listed boolean;
     v_writer timestamptz;
     v_new bigint;
-    v_dropped record;
 BEGIN
     IF qty <= 0 THEN
         RETURN;
@@ -1071,25 +1105,7 @@ BEGIN
         v_listed := v_listed OR v_round_listed;
 
         IF cardinality(v_exhausted_tids) > 0 THEN
-            -- One notice per message dropped, so the caller can log it: the
-            -- rows a read returns are only the ones it delivered.
-            FOR v_dropped IN
-                WITH gone AS (
-                    DELETE FROM pgqueue.message WHERE ctid = ANY (v_exhausted_tids)
-                    RETURNING *
-                )
-                INSERT INTO pgqueue.poison (queue_id, msg_id, read_ct, enqueued_at, poisoned_at,
-                                            reason, message, headers, dedupe_key, group_key)
-                SELECT g.queue_id, g.msg_id, g.read_ct, g.enqueued_at, v_now,
-                       pgqueue._exhausted_reason(g.read_ct, g.last_error),
-                       g.message, g.headers, g.dedupe_key, g.group_key
-                  FROM gone g
-                RETURNING msg_id, read_ct, reason
-            LOOP
-                PERFORM pgqueue._notice_poisoned(q.queue_name, v_dropped.msg_id, v_dropped.read_ct,
-                                                 v_dropped.reason);
-            END LOOP;
-            PERFORM set_config('pgqueue.read_poisoned', 'on', true);
+            PERFORM pgqueue._drop_exhausted(q, v_exhausted_tids, v_now);
         END IF;
 
         IF cardinality(v_ok) > 0 THEN
