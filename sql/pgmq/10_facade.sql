@@ -37,11 +37,13 @@
 --     sets a limit through pgqueue.create_queue (then reads poison-drop into
 --     pgqueue.poison, as for any pgqueue queue). pgmq.create on an existing
 --     queue leaves it as it is.
---   * Groups. The header x-pgmq-group becomes the message's group_key. Every
---     read (read and pop too, not only the read_grouped family) hands out a
---     grouped message only while it is the oldest live message of its group:
---     at most one message per group per read, in order. Messages without the
---     header form no group (PGMQ's read_grouped puts them in one shared group).
+--   * Groups. The header x-pgmq-group becomes the message's group_key
+--     (pgqueue._pgmq_group). read, read_with_poll and pop hand out a grouped
+--     message only while it is the oldest live message of its group: at most
+--     one message per group per read, in order; messages without the header
+--     form no group there. The read_grouped family (15_grouped.sql) hands out
+--     PGMQ's batches, several of a group to one reader, messages without the
+--     header one shared group, as PGMQ's do.
 --   * Delays given as a timestamp become whole seconds from now, rounded up:
 --     a message never becomes visible before the time asked for.
 --   * Partitioned and unlogged queues do not exist: create_unlogged makes an
