@@ -146,10 +146,11 @@ BEGIN
 END
 $$;
 
--- Raises unless a queue may be created by this name beyond PGMQ's checks
--- (format_table_name, validate_queue_name): a name, not empty, at most 61
--- bytes (the views' names are identifiers: 63 bytes with the prefix), none
--- of PGMQ's refused characters. 22004 for NULL, else 22023.
+-- Raises unless a queue may be created by this name beyond PGMQ's checks,
+-- which the creates make first (format_table_name: the characters;
+-- validate_queue_name: the length): a name, not empty, at most 61 bytes
+-- (the views' names are identifiers: 63 bytes with the prefix). 22004 for
+-- NULL, else 22023.
 CREATE FUNCTION pgmq._check_name(queue_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -158,8 +159,7 @@ BEGIN
     IF queue_name IS NULL THEN
         RAISE EXCEPTION 'queue_name must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF queue_name = '' OR length(queue_name) > 47 OR octet_length(queue_name) > 61
-       OR queue_name ~ '\$|;|--|''' THEN
+    IF queue_name = '' OR octet_length(queue_name) > 61 THEN
         RAISE EXCEPTION 'invalid queue name %', quote_nullable(queue_name)
             USING ERRCODE = '22023',
                   HINT = 'A queue name is 1 to 47 characters (61 bytes), none of $ ; -- '' (PGMQ''s limits).'
