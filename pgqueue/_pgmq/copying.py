@@ -67,6 +67,7 @@ def import_queue(
         settings.patterns.get(s.table_name, ()),
         nulls + null_archived,
         NEVER_POISON if existed is None else existed,
+        parts.describe() if (parts := settings.partitions.get(s.table_name)) else "",
     )
     if dry_run:
         return result
@@ -167,18 +168,17 @@ def remove_pgmq(conn: psycopg.Connection[Any], found: Found, sources: Sequence[S
 
 
 def _forget_partitions(conn: psycopg.Connection[Any], sources: Sequence[Source]) -> None:
-    """pg_partman's maintenance would go on looking for the partitioned queues' tables."""
+    """pg_partman's maintenance would go on looking for the queues' partitioned tables."""
     partman = conn.execute(
         "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
         " WHERE e.extname = 'pg_partman'"
     ).fetchone()
-    parted = [s for s in sources if s.partitioned]
-    if partman is not None and parted:
+    if partman is not None and sources:
         conn.execute(
             sql.SQL("DELETE FROM {}.part_config WHERE parent_table = ANY(%s)").format(
                 sql.Identifier(partman[0])
             ),
-            ([f"pgmq.{p}_{s.table_name}" for s in parted for p in ("q", "a")],),
+            ([f"pgmq.{p}_{s.table_name}" for s in sources for p in ("q", "a")],),
         )
 
 

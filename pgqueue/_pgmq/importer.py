@@ -153,10 +153,11 @@ def _notes(moved: Sequence[QueueImport], left: Sequence[str]) -> list[str]:
                 f"queue {name}: {q.null_payloads} message(s) had an SQL NULL payload, kept as"
                 " JSON null (a client reads None either way)"
             )
-        if q.partitioned:
+        if q.retention:
             notes.append(
-                f"queue {name} was partitioned (pg_partman) in PGMQ; in pgqueue it is one queue"
-                " like any other, and its pg_partman configuration is removed with PGMQ"
+                f"queue {name} was partitioned by pg_partman in PGMQ ({q.retention}); the facade"
+                " keeps the same: schedule `SELECT pgmq.run_maintenance()` where"
+                " partman.run_maintenance() runs (docs/pgmq.md)"
             )
     if left:
         notes.append(

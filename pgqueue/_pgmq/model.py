@@ -72,6 +72,8 @@ class QueueImport:
     """Messages (live or archived) whose payload was SQL NULL, stored as JSON null."""
     max_attempts: int
     """The pgqueue queue's: 2147483647 (never poison, as PGMQ) unless it existed (empty) before."""
+    retention: str = ""
+    """What pg_partman kept of it in PGMQ, which the facade keeps; "" if nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""PGMQ's per-queue settings (notify-on-insert, topic bindings), carried over by the facade."""
+"""PGMQ's per-queue settings (notify-on-insert, topics, partitions), carried over by the facade."""
 
 from __future__ import annotations
 
@@ -7,10 +7,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgqueue._errors import sql_literal
 from pgqueue._pgmq.model import PgmqImportRefused, QueueImport
 from pgqueue._pgmq.sources import Source
+
+
+@dataclass(frozen=True, slots=True)
+class Partitions:
+    """How pg_partman keeps one PGMQ queue's tables: each as (interval, retention, premake)."""
+
+    queue: tuple[str, str | None, int] | None
+    """The queue table's, when it is partitioned (create_partitioned)."""
+    archive: tuple[str, str | None, int] | None
+    """The archive's (create_partitioned, or convert_archive_partitioned alone)."""
+    anchor: Any
+    """Where its time partitions start (the oldest partition's lower bound), or None."""
+
+    def describe(self) -> str:
+        """What is kept, in a line: each table's partitions and retention."""
+        said = []
+        for what, kept in (("messages", self.queue), ("archive", self.archive)):
+            if kept is not None:
+                interval, retention, _ = kept
+                keep = "for ever" if retention is None else f"retention {retention}"
+                said.append(f"{what}: partitions of {interval}, {keep}")
+        return "; ".join(said)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +46,8 @@ class Settings:
     """When each (pattern, queue) was bound."""
     throttles: dict[str, int] = field(default_factory=dict)
     """Queues with notify-on-insert on, and their throttles in ms."""
+    partitions: dict[str, Partitions] = field(default_factory=dict)
+    """Queues whose tables pg_partman partitions, and what it keeps of them."""
 
     @classmethod
     def read(cls, conn: psycopg.Connection[Any]) -> Settings:
@@ -41,7 +66,43 @@ class Settings:
                 "SELECT lower(queue_name), throttle_interval_ms FROM pgmq.notify_insert_throttle"
             ):
                 out.throttles[str(queue)] = int(ms)
+        out.partitions.update(_partitions(conn))
         return out
+
+
+def _partitions(conn: psycopg.Connection[Any]) -> dict[str, Partitions]:
+    """pg_partman's configuration of PGMQ's tables, by queue (nothing without pg_partman)."""
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_partman'"
+    ).fetchone()
+    if row is None:
+        return {}
+    partman = sql.Identifier(str(row[0]))
+    found: dict[str, dict[str, Any]] = {}
+    # the oldest partition's lower bound: where pg_partman's time partitions start
+    for parent, interval, retention, premake, anchor in conn.execute(
+        sql.SQL(
+            "SELECT c.parent_table, c.partition_interval, c.retention, c.premake,"
+            " (SELECT min(i.child_start_time) FROM {p}.show_partitions(c.parent_table) s,"
+            "   LATERAL {p}.show_partition_info("
+            "     s.partition_schemaname || '.' || s.partition_tablename,"
+            "     c.partition_interval, c.parent_table) i)"
+            " FROM {p}.part_config c"
+            " WHERE c.parent_table LIKE 'pgmq.q\\_%' OR c.parent_table LIKE 'pgmq.a\\_%'"
+        ).format(p=partman)
+    ):
+        kind, table = str(parent)[len("pgmq.") :].split("_", 1)
+        entry = found.setdefault(table, {})
+        entry[kind] = (str(interval), None if retention is None else str(retention), int(premake))
+        entry.setdefault("anchor", anchor)
+        if kind == "q":
+            entry["anchor"] = anchor
+    return {
+        t: Partitions(e.get("q"), e.get("a"), e.get("anchor"))
+        for t, e in found.items()
+        if "q" in e or "a" in e
+    }
 
 
 def _exists(conn: psycopg.Connection[Any], relation: str) -> bool:
@@ -65,6 +126,8 @@ def not_carried(moved: Sequence[QueueImport]) -> list[str]:
             lost.append(f"notify-on-insert ({q.notify_throttle_ms} ms)")
         if q.topic_patterns:
             lost.append("its topic bindings " + ", ".join(map(sql_literal, q.topic_patterns)))
+        if q.retention:
+            lost.append(f"its retention ({q.retention})")
         if lost:
             notes.append(
                 f"queue {sql_literal(q.queue_name)} moves without "
@@ -77,7 +140,7 @@ def not_carried(moved: Sequence[QueueImport]) -> list[str]:
 def carry_over(
     conn: psycopg.Connection[Any], sources: Sequence[Source], settings: Settings
 ) -> list[str]:
-    """Notify-on-insert and topic bindings, set again through the facade; notes for the rest.
+    """Notify-on-insert, topics and partitions, set again through the facade; notes for the rest.
 
     A setting the facade refuses raises PgmqImportRefused.
     """
@@ -86,7 +149,10 @@ def carry_over(
         (s, settings.throttles[s.table_name]) for s in sources if s.table_name in settings.throttles
     ]
     bound = [(p, s) for s in sources for p in settings.patterns.get(s.table_name, ())]
+    parted = [(s, p) for s in sources if (p := settings.partitions.get(s.table_name))]
     try:
+        for s, parts in parted:
+            _partition(conn, s, parts)
         if throttled and _has_function(conn, "pgmq.enable_notify_insert(text,integer)"):
             for s, ms in throttled:
                 conn.execute("SELECT pgmq.enable_notify_insert(%s, %s)", (s.name, ms))
@@ -114,7 +180,33 @@ def carry_over(
             )
     except psycopg.Error as exc:
         raise PgmqImportRefused(
-            "the facade refused a setting carried over from PGMQ (a topic binding or a notify"
-            f" throttle): {exc.diag.message_primary or exc}; nothing was changed"
+            "the facade refused a setting carried over from PGMQ (a topic binding, a notify"
+            f" throttle or a partitioned queue's retention): {exc.diag.message_primary or exc};"
+            " nothing was changed"
         ) from exc
     return notes
+
+
+def _partition(conn: psycopg.Connection[Any], s: Source, parts: Partitions) -> None:
+    """Keep what pg_partman kept of the queue: its partitions' retention, as PGMQ had it."""
+    if parts.queue is not None:
+        interval, retention, premake = parts.queue
+        conn.execute(
+            "SELECT pgmq.create_partitioned(%s, %s, %s, %s)", (s.name, interval, retention, premake)
+        )
+    if parts.archive is not None:
+        interval, retention, _ = parts.archive
+        if parts.queue is None:
+            conn.execute(
+                "SELECT pgmq.convert_archive_partitioned(%s, %s, %s)", (s.name, interval, retention)
+            )
+        conn.execute(
+            "UPDATE pgmq.partition_config SET archive_interval = %s, archive_retention = %s"
+            " WHERE queue_name = %s",
+            (interval, retention, s.target),
+        )
+    if parts.anchor is not None:
+        conn.execute(
+            "UPDATE pgmq.partition_config SET anchor = %s WHERE queue_name = %s",
+            (parts.anchor, s.target),
+        )

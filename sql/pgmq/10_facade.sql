@@ -4,8 +4,8 @@
 -- one transaction, into a schema pgmq that the installer has just created
 -- (and found free of a real PGMQ). Not a numbered migration: an upgrade is
 -- DROP SCHEMA pgmq CASCADE and install again (the installer carrying over
--- the rows of the facade's one table, queue_name_map), so this file creates
--- every object and assumes none exists.
+-- the rows of the facade's tables, queue_name_map and partition_config), so
+-- this file creates every object and assumes none exists.
 --
 -- One queue, two APIs. A pgmq queue IS a pgqueue queue: the only state kept
 -- here is the name PGMQ shows for a queue whose pgqueue name differs (below);
@@ -46,8 +46,10 @@
 --     header one shared group, as PGMQ's do.
 --   * Delays given as a timestamp become whole seconds from now, rounded up:
 --     a message never becomes visible before the time asked for.
---   * Partitioned and unlogged queues do not exist: create_unlogged makes an
---     ordinary queue, create_partitioned and convert_archive_partitioned refuse.
+--   * Unlogged queues do not exist: create_unlogged makes an ordinary queue.
+--     Partitioned queues and archives are ordinary queues whose messages and
+--     archive pgmq.run_maintenance() keeps as pg_partman's retention would
+--     (12_partitioned.sql).
 --   * The tables pgmq.meta, pgmq.q_<name> and pgmq.a_<name> are views of
 --     pgqueue's tables, kept in step with the queues by a trigger on
 --     pgqueue.queue (queues created or dropped through either API). The
@@ -177,6 +179,33 @@ CREATE TABLE pgmq.queue_name_map (
     queue_name text PRIMARY KEY,  -- pgqueue's
     pgmq_name text NOT NULL       -- as PGMQ shows it
 );
+
+-- PGMQ's partitioned queues and archives (12_partitioned.sql): what
+-- create_partitioned and convert_archive_partitioned asked pg_partman to keep,
+-- which pgmq.run_maintenance() keeps. Kept across reinstalls by the
+-- installer; rows go with their queue.
+CREATE TABLE pgmq.partition_config (
+    queue_name text PRIMARY KEY,  -- pgqueue's
+    -- the queue's partitions and retention, as create_partitioned was given
+    -- them: a whole number (msg_ids) or an interval (enqueued_at); NULL for a
+    -- queue whose archive alone was converted
+    partition_interval text,
+    retention_interval text,
+    premake integer,
+    -- the archive's (msg_ids, or archived_at)
+    archive_interval text NOT NULL,
+    archive_retention text NOT NULL,
+    -- where time partitions start, as pg_partman lays them out
+    anchor timestamptz NOT NULL
+);
+
+-- True for a queue made by create_partitioned.
+CREATE FUNCTION pgmq._is_partitioned(queue_name text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pgmq.partition_config c
+                    WHERE c.queue_name = _is_partitioned.queue_name AND c.partition_interval IS NOT NULL);
+$$;
 
 -- PGMQ's name of a pgqueue queue.
 CREATE FUNCTION pgmq._pgmq_name(queue_name text) RETURNS text
@@ -364,6 +393,7 @@ BEGIN
     ELSE
         DELETE FROM pgmq.queue_name_map n WHERE n.queue_name = OLD.queue_name RETURNING lower(n.pgmq_name)
           INTO v_name;
+        DELETE FROM pgmq.partition_config c WHERE c.queue_name = OLD.queue_name;
         -- by PGMQ's name, or by pgqueue's (a name recorded before its views were renamed)
         FOR v_view IN SELECT DISTINCT p || '_' || n
                         FROM unnest(ARRAY['q', 'a']) p, unnest(ARRAY[v_name, lower(OLD.queue_name)]) n
@@ -405,9 +435,9 @@ CREATE TRIGGER rename_views
 
 SELECT pgmq._create_views(q.queue_id, q.queue_name) FROM pgqueue.queue q ORDER BY q.queue_id;
 
--- PGMQ's list of queues. pgqueue has neither partitioned nor unlogged queues.
+-- PGMQ's list of queues. pgqueue has no unlogged queues.
 CREATE VIEW pgmq.meta AS
-    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar AS queue_name, false AS is_partitioned,
+    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar AS queue_name, pgmq._is_partitioned(q.queue_name) AS is_partitioned,
            false AS is_unlogged, q.created_at
       FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name;
 COMMENT ON VIEW pgmq.meta IS 'pgqueue''s queues, as PGMQ lists them (read-only; the pgmq facade, docs/pgmq.md)';
@@ -516,85 +546,6 @@ BEGIN
 END
 $$;
 
--- What PGMQ raises for a partitioned queue on a database without pg_partman.
-CREATE FUNCTION pgmq._ensure_pg_partman_installed() RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
-        RAISE EXCEPTION 'pg_partman is required for partitioned queues';
-    END IF;
-END
-$$;
-
--- PGMQ's checks, in its order and on its lines: the name, then pg_partman
--- (without it, PGMQ's error), then premake. With pg_partman: refused.
-CREATE FUNCTION pgmq.create_partitioned(
-    queue_name text,
-    partition_interval text DEFAULT '10000',
-    retention_interval text DEFAULT '100000',
-    premake integer DEFAULT 4
-) RETURNS void
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    -- PGMQ's checks come first, each on the line of PGMQ's: the name's
-    -- characters (declaring the views' names, line 5), ...
-    qtable text := pgmq.format_table_name(queue_name, 'q');
-    atable text := pgmq.format_table_name(queue_name, 'a');
-    -- ... then from line 11 its length, the lock, pg_partman (line 13)
-    -- and premake. Where pg_partman is installed, pgqueue refuses the
-    -- queue (0A000).
-BEGIN
-    PERFORM pgmq.validate_queue_name(queue_name);
-    PERFORM pgmq.acquire_queue_lock(queue_name);
-    PERFORM pgmq._ensure_pg_partman_installed();
-    IF premake < 1 THEN
-        RAISE EXCEPTION 'premake must be at least 1, got %', premake;
-    END IF;
-    RAISE EXCEPTION 'pgqueue has no partitioned queues: cannot create % partitioned', quote_nullable(queue_name)
-        USING ERRCODE = '0A000',
-              HINT = 'Create it with pgmq.create(queue_name): one table holds every queue''s messages, and the'
-                     ' archive is trimmed with pgqueue.purge_archive (docs/pgmq.md).';
-END
-$$;
-
--- What PGMQ does on a database without pg_partman, as its clients and tests
--- meet it: a queue that does not exist is a NOTICE (PGMQ's words, its stray
--- 's' included); an existing one fails where PGMQ's would ask pg_partman's
--- schema (22004), after PGMQ's notice for an index name too long to keep.
--- With pg_partman: refused.
-CREATE FUNCTION pgmq.convert_archive_partitioned(
-    table_name text,
-    partition_interval text DEFAULT '10000',
-    retention_interval text DEFAULT '100000',
-    leading_partition integer DEFAULT 10
-) RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
-AS $$
-DECLARE
-    a_table_name text := pgmq.format_table_name(table_name, 'a');
-    v_index text := 'archived_at_idx_' || table_name || '_old';
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pgqueue.queue q WHERE q.queue_name = pgmq._name(table_name)) THEN
-        RAISE NOTICE 'Table %s does not exists', a_table_name;
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
-        IF octet_length(v_index) > 63 THEN
-            RAISE NOTICE 'identifier "%" will be truncated to "%"', v_index, left(v_index, 63);
-        END IF;
-        RAISE EXCEPTION 'null values cannot be formatted as an SQL identifier' USING ERRCODE = '22004';
-    END IF;
-    RAISE EXCEPTION 'pgqueue has no partitioned archives: cannot convert the archive of %', quote_nullable(table_name)
-        USING ERRCODE = '0A000',
-              HINT = 'pgqueue keeps every queue''s archive in one table; trim it with pgqueue.purge_archive'
-                     ' (docs/pgmq.md).';
-END
-$$;
-
 -- Drops the queue with its messages, archive and poison; false (and a
 -- NOTICE) when there is no such queue.
 CREATE FUNCTION pgmq.drop_queue(queue_name text) RETURNS boolean
@@ -667,13 +618,15 @@ CREATE FUNCTION pgmq.list_queues() RETURNS SETOF pgmq.queue_record
 LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
-    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar, false, false, q.created_at
+    SELECT coalesce(n.pgmq_name, q.queue_name)::varchar, pgmq._is_partitioned(q.queue_name), false, q.created_at
       FROM pgqueue.queue q LEFT JOIN pgmq.queue_name_map n ON n.queue_name = q.queue_name
      ORDER BY q.queue_id;
 $$;
 
 -- total_messages is every msg_id the queue handed out (its sequence's
--- position), as PGMQ counts. default_partition_length is NULL: no partitions.
+-- position), as PGMQ counts. default_partition_length is NULL for a queue
+-- that is not partitioned, as PGMQ's; 0 for a partitioned one: no message
+-- here waits in a default partition for pg_partman's maintenance.
 CREATE FUNCTION pgmq.metrics(queue_name text) RETURNS pgmq.metrics_result
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
@@ -682,7 +635,7 @@ DECLARE
     r pgmq.metrics_result;
 BEGIN
     SELECT metrics.queue_name, m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec, m.total_messages,
-           m.scrape_time, m.visible_length, NULL::bigint
+           m.scrape_time, m.visible_length, CASE WHEN pgmq._is_partitioned(m.queue_name) THEN 0 END
       INTO r
       FROM pgqueue._metrics(pgqueue._queue(pgmq._name(metrics.queue_name))) m;
     RETURN r;
@@ -694,7 +647,7 @@ LANGUAGE sql
 SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp
 AS $$
     SELECT pgmq._pgmq_name(m.queue_name), m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec,
-           m.total_messages, m.scrape_time, m.visible_length, NULL::bigint
+           m.total_messages, m.scrape_time, m.visible_length, CASE WHEN pgmq._is_partitioned(q.queue_name) THEN 0 END
       FROM pgqueue.queue q, LATERAL pgqueue._metrics(q) m
      ORDER BY q.queue_id;
 $$;
@@ -1209,8 +1162,8 @@ SELECT 'pgmq.' || f, r, 'function'
         ('{pgqueue_consumer}', ARRAY['read', 'read_with_poll', 'pop', 'delete', 'archive', 'set_vt']),
         ('{pgqueue_consumer,pgqueue_operator}',
          ARRAY['list_queues', 'metrics', 'metrics_all', 'list_notify_insert_throttles']),
-        ('{pgqueue_operator}', ARRAY['create', 'create_non_partitioned', 'create_unlogged', 'create_partitioned',
-                                     'convert_archive_partitioned', 'detach_archive', 'drop_queue', 'purge_queue',
+        ('{pgqueue_operator}', ARRAY['create', 'create_non_partitioned', 'create_unlogged', 'detach_archive',
+                                     'drop_queue', 'purge_queue',
                                      'enable_notify_insert', 'disable_notify_insert', 'update_notify_insert',
                                      'create_fifo_index', 'create_fifo_indexes_all', 'acquire_queue_lock'])
        ) AS a (r, fs), unnest(a.fs) AS f;
@@ -1219,6 +1172,7 @@ INSERT INTO pgqueue.role_grant (object, roles, kind) VALUES
     ('pgmq.notify_insert_throttle', '{pgqueue_consumer,pgqueue_operator}', 'relation'),
     ('pgmq.q_*', '{pgqueue_operator}', 'relation'),
     ('pgmq.a_*', '{pgqueue_operator}', 'relation'),
-    ('pgmq.queue_name_map', '{}', 'relation');
+    ('pgmq.queue_name_map', '{}', 'relation'),
+    ('pgmq.partition_config', '{}', 'relation');
 SELECT pgmq._publish_view('notify_insert_throttle');
 SELECT pgqueue.grant_roles();
