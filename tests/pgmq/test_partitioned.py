@@ -353,3 +353,60 @@ def test_an_import_of_partitioned_queues_keeps_their_retention(real: tuple[Conn,
     assert conn.execute("SELECT pgmq.run_maintenance()").fetchone() == (29,)
     assert ids(conn, "SELECT msg_id FROM pgmq.q_n ORDER BY 1") == list(range(31, 46))
     assert ids(conn, "SELECT msg_id FROM pgmq.a_n ORDER BY 1") == [30]
+
+
+def test_maintenance_racing_readers_counts_each_member_once_and_fires_once(
+    facade: tuple[Conn, str], facade_dsn: str
+) -> None:
+    # Readers lease and ack a fan-out's members while maintainers poison-drop the ones
+    # past retention (all but the newest partition): each member ends once, acked or
+    # poisoned, never both, and the barrier fires once with every member counted.
+    conn, _ = facade
+    conn.execute("SELECT pgmq.create_partitioned('work', '10', '0')")
+    conn.execute("SELECT pgmq.create('done')")
+    with Client.from_dsn(facade_dsn, max_size=1) as client:
+        bid = client.fan_out("work", list(range(300)), callback_queue="done", callback_message={})
+    acked: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def read() -> None:
+        try:
+            with psycopg.connect(facade_dsn, autocommit=True) as c:
+                start.wait()
+                while got := ids(c, "SELECT msg_id FROM pgmq.read('work', 30, 7)"):
+                    for msg_id in got:
+                        if c.execute(
+                            "SELECT pgmq.delete('work', %s::bigint)", (msg_id,)
+                        ).fetchone() == (True,):
+                            acked.append(msg_id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def maintain() -> None:
+        try:
+            with psycopg.connect(facade_dsn, autocommit=True) as c:
+                start.wait()
+                for _ in range(40):
+                    c.execute("SELECT pgmq.run_maintenance('work', 5)")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    threads += [threading.Thread(target=maintain) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    poisoned = ids(conn, "SELECT msg_id FROM pgqueue.poison ORDER BY 1")
+    assert not set(acked) & set(poisoned)
+    assert len(acked) + len(poisoned) == 300
+    with Client.from_dsn(facade_dsn, max_size=1) as client:
+        status = client.barrier_status(bid)
+        assert (status.state, status.succeeded, status.failed) == (
+            "fired",
+            len(acked),
+            len(poisoned),
+        )
+        assert len(client.read("done", vt=30, qty=10)) == 1
