@@ -16,7 +16,7 @@ postgresql-15-partman).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,9 +24,13 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.roles import as_user
 
 from pgqueue import Client
 from pgqueue._pgmq import import_pgmq, install
+from pgqueue._roles import CONSUMER, OPERATOR, PRODUCER
+
+ROLES = (PRODUCER, CONSUMER, OPERATOR)
 
 Conn = psycopg.Connection[Any]
 
@@ -410,3 +414,29 @@ def test_maintenance_racing_readers_counts_each_member_once_and_fires_once(
             len(poisoned),
         )
         assert len(client.read("done", vt=30, qty=10)) == 1
+
+
+def test_only_the_operator_makes_partitioned_queues_and_keeps_them(
+    dsn: str, make_login: Callable[..., str]
+) -> None:
+    # A producer or consumer that could call run_maintenance with its own queue's name
+    # would poison-drop what it pleases; none may, nor read the configuration.
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        install(owner)
+        partman(owner)
+    logins = {role: make_login(role.removeprefix("pgqueue_"), role) for role in ROLES}
+    for role, login in logins.items():
+        with psycopg.connect(as_user(dsn, login), autocommit=True) as c:
+            allowed = role == OPERATOR
+            for statement in (
+                "SELECT pgmq.create_partitioned('p', '10', '0')",
+                "SELECT pgmq.convert_archive_partitioned('p', '10', '0')",
+                "SELECT pgmq.run_maintenance()",
+                "SELECT * FROM pgmq.partition_config",
+            ):
+                try:
+                    c.execute(statement)
+                    done = True
+                except psycopg.errors.InsufficientPrivilege:
+                    done = False
+                assert done == (allowed and "partition_config" not in statement), (role, statement)
