@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.db import run_threads
 from support.roles import as_user
 
 from pgqueue import Client
@@ -239,27 +240,16 @@ def test_maintenance_from_many_sessions_removes_each_row_once(
     conn.execute("SELECT pgmq.archive('n', ARRAY(SELECT generate_series(1, 1000))::bigint[])")
     conn.execute("SELECT pgmq.send('n', '{}')")  # the highest id: 3001
     removed: list[int] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(6)
 
-    def run() -> None:
-        try:
-            with psycopg.connect(facade_dsn, autocommit=True) as c:
-                start.wait()
-                while True:
-                    row = c.execute("SELECT pgmq.run_maintenance('n', 50)").fetchone()
-                    if row is None or row[0] == 0:
-                        break
-                    removed.append(row[0])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    def run(_: int) -> None:
+        with psycopg.connect(facade_dsn, autocommit=True) as c:
+            while True:
+                row = c.execute("SELECT pgmq.run_maintenance('n', 50)").fetchone()
+                if row is None or row[0] == 0:
+                    return
+                removed.append(row[0])
 
-    threads = [threading.Thread(target=run) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors, errors
+    run_threads(6, run)
     # live ids below 3000 went, poisoned (1,999), and archived ones below 1000 (999)
     assert sum(removed) == 1999 + 999
     assert ids(conn, "SELECT msg_id FROM pgmq.q_n ORDER BY 1") == [3000, 3001]
@@ -371,38 +361,23 @@ def test_maintenance_racing_readers_counts_each_member_once_and_fires_once(
     with Client.from_dsn(facade_dsn, max_size=1) as client:
         bid = client.fan_out("work", list(range(300)), callback_queue="done", callback_message={})
     acked: list[int] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(6)
 
-    def read() -> None:
-        try:
-            with psycopg.connect(facade_dsn, autocommit=True) as c:
-                start.wait()
-                while got := ids(c, "SELECT msg_id FROM pgmq.read('work', 30, 7)"):
-                    for msg_id in got:
-                        if c.execute(
-                            "SELECT pgmq.delete('work', %s::bigint)", (msg_id,)
-                        ).fetchone() == (True,):
-                            acked.append(msg_id)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    def read(c: Conn) -> None:
+        while got := ids(c, "SELECT msg_id FROM pgmq.read('work', 30, 7)"):
+            for msg_id in got:
+                done = c.execute("SELECT pgmq.delete('work', %s::bigint)", (msg_id,)).fetchone()
+                if done == (True,):
+                    acked.append(msg_id)
 
-    def maintain() -> None:
-        try:
-            with psycopg.connect(facade_dsn, autocommit=True) as c:
-                start.wait()
-                for _ in range(40):
-                    c.execute("SELECT pgmq.run_maintenance('work', 5)")
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    def maintain(c: Conn) -> None:
+        for _ in range(40):
+            c.execute("SELECT pgmq.run_maintenance('work', 5)")
 
-    threads = [threading.Thread(target=read) for _ in range(4)]
-    threads += [threading.Thread(target=maintain) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors, errors
+    def run(i: int) -> None:  # 4 readers, 2 maintainers
+        with psycopg.connect(facade_dsn, autocommit=True) as c:
+            (read if i < 4 else maintain)(c)
+
+    run_threads(6, run)
     poisoned = ids(conn, "SELECT msg_id FROM pgqueue.poison ORDER BY 1")
     assert not set(acked) & set(poisoned)
     assert len(acked) + len(poisoned) == 300
